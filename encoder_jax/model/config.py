@@ -1,0 +1,115 @@
+"""The frozen model config: the only thing layers see of a run's configuration.
+
+Layers never receive an `ml_collections.ConfigDict`; `ModelConfig.from_dict` turns the
+`config.model` part of a run config into this small, hashable, immutable value (so it can be a
+static argument of `jax.jit` and a dict key for compiled-function caches).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import jax.numpy as jnp
+
+ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Sizes and numerics of one encoder. Defaults are BERT-base (uncased vocab)."""
+
+  vocab_size: int = 30522
+  hidden_size: int = 768  # d
+  num_layers: int = 12  # L
+  num_heads: int = 12  # h
+  ffn_size: int = 3072  # usually 4d
+  max_positions: int = 512
+  type_vocab_size: int = 2  # segment A / B embeddings; 0 disables them
+  # Width of the token/position/type embeddings. None -> hidden_size. When it differs (ELECTRA
+  # small: 128 -> 256) a dense projection maps embeddings to hidden_size, and the tied MLM
+  # decoder works in this width.
+  embedding_size: int | None = None
+  norm_first: bool = False  # False: BERT post-LN block; True: pre-LN block + final LayerNorm
+  activation: str = "gelu"  # exact (erf) GELU as BERT; "gelu_tanh" is the approximation
+  hidden_dropout: float = 0.1
+  attention_dropout: float = 0.1
+  layer_norm_eps: float = 1e-12
+  initializer_range: float = 0.02  # std of the truncated normal init (BERT)
+  dtype: str = "float32"  # compute dtype (activations, matmuls)
+  param_dtype: str = "float32"  # storage dtype of the parameters
+  scan_layers: bool = True  # nnx.scan over stacked blocks (fast compile) vs an unrolled list
+  remat_policy: str = "none"  # rematerialisation of each block: none | full | dots | dots_no_batch
+  pad_token_id: int = 0
+
+  def __post_init__(self):
+    if self.hidden_size % self.num_heads:
+      raise ValueError(
+          f"ModelConfig.hidden_size={self.hidden_size} is not divisible by "
+          f"num_heads={self.num_heads}; choose num_heads that divides hidden_size.")
+    if self.activation not in ACTIVATIONS:
+      raise ValueError(f"ModelConfig.activation={self.activation!r}; use one of {ACTIVATIONS}.")
+    if self.remat_policy not in REMAT_POLICIES:
+      raise ValueError(
+          f"ModelConfig.remat_policy={self.remat_policy!r}; use one of {REMAT_POLICIES}.")
+    for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "ffn_size",
+                 "max_positions"):
+      if getattr(self, name) <= 0:
+        raise ValueError(f"ModelConfig.{name}={getattr(self, name)} must be positive.")
+    for name in ("dtype", "param_dtype"):
+      try:
+        jnp.dtype(getattr(self, name))
+      except TypeError as e:
+        raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} is not a dtype.") from e
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_size // self.num_heads
+
+  @property
+  def embed_size(self) -> int:
+    """Width of the embedding tables (embedding_size, or hidden_size when unset)."""
+    return self.embedding_size or self.hidden_size
+
+  @property
+  def compute_dtype(self):
+    return jnp.dtype(self.dtype)
+
+  @property
+  def storage_dtype(self):
+    return jnp.dtype(self.param_dtype)
+
+  def replace(self, **changes: Any) -> "ModelConfig":
+    return dataclasses.replace(self, **changes)
+
+  @classmethod
+  def from_dict(cls, d: Mapping[str, Any]) -> "ModelConfig":
+    """Builds from a mapping (e.g. `config.model` of a ConfigDict); unknown keys are an error."""
+    d = dict(d)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+      raise ValueError(f"Unknown model config keys {unknown}; valid keys: {sorted(names)}.")
+    return cls(**d)
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+
+# Published sizes (../ANCHORS: Turc et al. 2019 miniatures, BERT, ELECTRA). FFN = 4d.
+SIZES: dict[str, dict[str, Any]] = {
+    "tiny": dict(num_layers=2, hidden_size=128, num_heads=2, ffn_size=512),
+    "mini": dict(num_layers=4, hidden_size=256, num_heads=4, ffn_size=1024),
+    "small": dict(num_layers=4, hidden_size=512, num_heads=8, ffn_size=2048),
+    "medium": dict(num_layers=8, hidden_size=512, num_heads=8, ffn_size=2048),
+    "base": dict(num_layers=12, hidden_size=768, num_heads=12, ffn_size=3072),
+    "large": dict(num_layers=24, hidden_size=1024, num_heads=16, ffn_size=4096),
+    "electra-small": dict(num_layers=12, hidden_size=256, num_heads=4, ffn_size=1024,
+                          embedding_size=128),
+}
+
+
+def model_config_for_size(size: str, **overrides: Any) -> ModelConfig:
+  if size not in SIZES:
+    raise ValueError(f"Unknown model size {size!r}; choose one of {sorted(SIZES)}.")
+  return ModelConfig(**{**SIZES[size], **overrides})

@@ -1,0 +1,47 @@
+"""encoder_jax: BERT / RoBERTa / ELECTRA encoder pre-training in JAX + Flax NNX.
+
+Versions are pinned to a set that installs together on Python 3.11 with `pip check` clean
+(see README, "Versions"). Flax NNX's API moves between minor releases, so do not loosen the
+flax pin without running the test-suite.
+"""
+from setuptools import find_packages, setup
+
+INSTALL_REQUIRES = [
+    "jax==0.10.2",
+    "jaxlib==0.10.2",
+    "flax==0.12.8",
+    "optax==0.2.8",
+    "orbax-checkpoint==0.12.8",
+    "tensorflow-datasets==4.9.10",
+    "grain==0.2.18",
+    "array-record==0.8.6",
+    "ml-collections==1.1.0",
+    "absl-py==2.5.1",
+    "numpy==2.4.6",
+    "tokenizers==0.23.3",
+    "safetensors==0.8.0",
+    "tensorboardX==2.6.5",
+    "matplotlib==3.11.2",
+    "pysbd==0.3.4",
+]
+
+TEST_REQUIRES = [
+    "pytest==9.2.0",
+    "pytest-xdist==3.8.0",
+    "chex==0.1.92",
+    # Parity only (never imported by the package): the CPU wheel of torch. An unpinned
+    # `torch` pulls a multi-GB CUDA build.
+    "torch==2.13.0",
+    "transformers==5.24.0",
+]
+
+setup(
+    name="encoder_jax",
+    version="0.1.0",
+    description="BERT-style encoder pre-training (MLM, ELECTRA, NSP) in JAX/Flax NNX",
+    python_requires=">=3.11",
+    packages=find_packages(include=["encoder_jax", "encoder_jax.*"]),
+    install_requires=INSTALL_REQUIRES,
+    extras_require={"test": TEST_REQUIRES},
+    entry_points={"console_scripts": ["encoder-jax=encoder_jax.main:run"]},
+)
