@@ -1,0 +1,100 @@
+"""WordPiece tokenizer: ids identical to transformers.BertTokenizerFast on the MiniLM vocab."""
+import numpy as np
+import pytest
+
+from encoder_jax.data import fetch
+from encoder_jax.data.tokenizer import WordPieceTokenizer, train_vocab
+
+SENTENCES = [
+    "Call me Ishmael.",
+    "Some years ago—never mind how long precisely—having little or no money in my purse,",
+    "The Congress shall assemble at least once in every year; Café naïve RÉSUMÉ!",
+    "unbelievably  tokenizable\twords\nwith   odd   spacing, 1,234.56 dollars & 7% tax",
+    "中文字符 and emoji 🙂 and a [MASK] token",
+    "",
+]
+PAIRS_B = [
+    "It is a way I have of driving off the spleen.",
+    "",
+    "Short.",
+    "another " * 80,  # forces longest-first truncation of B
+    "x",
+    "only b",
+]
+
+
+@pytest.fixture(scope="module")
+def tok():
+  return WordPieceTokenizer.from_vocab(fetch.minilm_vocab())
+
+
+@pytest.fixture(scope="module")
+def hf():
+  transformers = pytest.importorskip("transformers")
+  return transformers.BertTokenizerFast.from_pretrained(str(fetch.minilm_dir()),
+                                                         local_files_only=True)
+
+
+def test_special_ids(tok):
+  assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 100, 101, 102, 103)
+  assert tok.vocab_size == 30522
+
+
+@pytest.mark.parity
+def test_encode_matches_hf(tok, hf):
+  for s in SENTENCES:
+    assert tok.encode(s) == hf(s, add_special_tokens=False)["input_ids"], s
+  assert tok.encode_batch(SENTENCES) == [tok.encode(s) for s in SENTENCES]
+  ids_N, lengths_S = tok.encode_batch_np(SENTENCES)
+  assert ids_N.dtype == np.int32 and lengths_S.sum() == len(ids_N)
+  assert np.split(ids_N, np.cumsum(lengths_S)[:-1])[0].tolist() == tok.encode(SENTENCES[0])
+
+
+@pytest.mark.parity
+@pytest.mark.parametrize("max_length", [16, 64])
+def test_pairs_match_hf(tok, hf, max_length):
+  ours = tok.batch_encode_pairs(SENTENCES, PAIRS_B, max_length=max_length)
+  theirs = hf(SENTENCES, PAIRS_B, truncation="longest_first", padding="max_length",
+              max_length=max_length, return_tensors="np")
+  np.testing.assert_array_equal(ours["input_ids"], theirs["input_ids"])
+  np.testing.assert_array_equal(ours["mask"], theirs["attention_mask"])
+  np.testing.assert_array_equal(ours["token_types"], theirs["token_type_ids"])
+  for k, v in ours.items():
+    assert v.dtype == np.int32 and v.shape == (len(SENTENCES), max_length), k
+  single = tok.batch_encode_pairs(SENTENCES, max_length=max_length)
+  theirs = hf(SENTENCES, truncation=True, padding="max_length", max_length=max_length,
+              return_tensors="np")
+  np.testing.assert_array_equal(single["input_ids"], theirs["input_ids"])
+
+
+def test_pair_layout(tok):
+  b = tok.batch_encode_pairs(["call me ishmael"], ["so be it"], max_length=12)
+  ids, types, mask = b["input_ids"][0], b["token_types"][0], b["mask"][0]
+  n_a, n_b = len(tok.encode("call me ishmael")), len(tok.encode("so be it"))
+  assert ids[0] == tok.cls_id and ids[1 + n_a] == tok.sep_id and ids[2 + n_a + n_b] == tok.sep_id
+  assert types.tolist() == [0] * (2 + n_a) + [1] * (n_b + 1) + [0] * (12 - 3 - n_a - n_b)
+  assert mask.sum() == 3 + n_a + n_b and (ids[mask == 0] == tok.pad_id).all()
+
+
+def test_word_starts(tok):
+  ids = tok.encode("Unbelievably tokenizable")
+  tokens = [tok.id_to_token(i) for i in ids]
+  assert tok.word_starts(ids).tolist() == [not t.startswith("##") for t in tokens]
+  assert tok.word_starts(ids).tolist().count(True) == 2 and len(ids) > 2
+
+
+def test_vocab_missing_special_token(tmp_path):
+  vocab = tmp_path / "vocab.txt"
+  vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "a"]) + "\n")
+  with pytest.raises(ValueError, match=r"lacks the special token\(s\) \['\[MASK\]'\]"):
+    WordPieceTokenizer.from_vocab(vocab)
+
+
+def test_train_vocab(tmp_path):
+  text = [open(fetch.minilm_dir() / "config.json").read()] + SENTENCES * 20 + PAIRS_B * 20
+  tok = train_vocab(text, vocab_size=300, out_path=tmp_path / "v" / "vocab.txt")
+  lines = (tmp_path / "v" / "vocab.txt").read_text().splitlines()
+  assert lines[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] and len(lines) <= 300
+  assert tok.mask_id == 4 and tok.unk_id not in tok.encode("call me ishmael")
+  with pytest.raises(ValueError, match="held no text"):
+    train_vocab(["", ""], vocab_size=100, out_path=tmp_path / "empty.txt")
