@@ -22,7 +22,7 @@ INSTALL_REQUIRES = [
     "safetensors==0.8.0",
     "tensorboardX==2.6.5",
     "matplotlib==3.11.2",
-    "pysbd==0.3.4",
+    "sentencex==1.0.32",  # sentence splitter (Rust, Wikimedia): ~1000x faster than pysbd here
 ]
 
 TEST_REQUIRES = [
