@@ -23,6 +23,7 @@ INSTALL_REQUIRES = [
     "tensorboardX==2.6.5",
     "matplotlib==3.11.2",
     "sentencex==1.0.32",  # sentence splitter (Rust, Wikimedia): ~1000x faster than pysbd here
+    "importlib-resources==7.1.0",  # tfds builders need it (etils.epath) and do not declare it
 ]
 
 TEST_REQUIRES = [
