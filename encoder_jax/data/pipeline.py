@@ -27,6 +27,7 @@ Batch (per host, B_host = global_batch_size / process_count, T = max_length):
 """
 import dataclasses
 
+from absl import flags
 import grain
 import numpy as np
 
@@ -111,6 +112,10 @@ class Loader:
     it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=cfg.read_threads,
                                                  prefetch_buffer_size=cfg.prefetch))
     if cfg.worker_count > 0:
+      # grain's worker processes read absl flags; outside absl.app (tests, notebooks) they
+      # are unparsed and reading them raises, so take the defaults.
+      if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
       it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=cfg.worker_count))
     return it_ds
 
