@@ -97,8 +97,12 @@ def _documents(cfg: PretrainCorpusConfig, split: str,
 
 
 def tokenize_documents(docs: Iterable[sources.Document], tok: tokenizer.WordPieceTokenizer,
-                       log_every_s: float = 10.0) -> Iterator[tuple[str, dict]]:
-  """Tokenizes documents in large batches; yields (doc_id, record). Logs progress with rates."""
+                       log_every_s: float = 10.0,
+                       allow_empty: bool = False) -> Iterator[tuple[str, dict]]:
+  """Tokenizes documents in large batches; yields (doc_id, record). Logs progress with rates.
+
+  Raises ValueError when no document has text, unless allow_empty (a small corpus may leave
+  the ~2% validation split empty; reading it later raises instead)."""
   start = last_log = time.time()
   n_docs = n_sents = n_tokens = 0
 
@@ -141,14 +145,19 @@ def tokenize_documents(docs: Iterable[sources.Document], tok: tokenizer.WordPiec
   dt = max(time.time() - start, 1e-9)
   logging.info("tokenized %d documents, %d sentences, %d tokens in %.1f s (%.0f tokens/s)",
                n_docs, n_sents, n_tokens, dt, n_tokens / dt)
-  if n_docs == 0:
+  if n_docs == 0 and not allow_empty:
     raise ValueError("the source produced no document with text; refusing to write an "
                      "empty dataset")
 
 
 class PretrainCorpus(tfds.core.GeneratorBasedBuilder):
-  """A text source split into sentences and WordPiece-tokenized once (see module docstring)."""
-  VERSION = tfds.core.Version("1.0.0")
+  """A text source split into sentences and WordPiece-tokenized once (see module docstring).
+
+  Bump VERSION whenever sentence splitting or tokenization changes, or stale cached builds
+  would be reused (the config name only covers source and vocab).
+  """
+  VERSION = tfds.core.Version("1.1.0")
+  RELEASE_NOTES = {"1.0.0": "sentencex splitting", "1.1.0": "re-split segments opening with '('"}
   BUILDER_CONFIGS = []  # made on the fly by prepare_corpus (source x vocab)
 
   def _info(self):
@@ -175,7 +184,8 @@ class PretrainCorpus(tfds.core.GeneratorBasedBuilder):
   def _generate_examples(self, tok, split):
     stats = sources.ReadStats()
     counts = {"documents": 0, "sentences": 0, "tokens": 0}
-    for key, rec in tokenize_documents(_documents(self.builder_config, split, stats), tok):
+    docs = _documents(self.builder_config, split, stats)
+    for key, rec in tokenize_documents(docs, tok, allow_empty=split != "train"):
       counts["documents"] += 1
       counts["sentences"] += len(rec["sentence_lengths"])
       counts["tokens"] += len(rec["ids"])
@@ -205,7 +215,9 @@ def read_corpus(builder: tfds.core.DatasetBuilder, split: str = "train") -> exam
   source = builder.as_data_source(split=split)
   records = [source[i] for i in range(len(source))]
   if not records:
-    raise ValueError(f"{builder.name}/{builder.builder_config.name} split {split!r} is empty")
+    raise ValueError(f"{builder.name}/{builder.builder_config.name} split {split!r} is empty "
+                     f"(a source this small gets no validation documents; ~1 in "
+                     f"{sources.VALIDATION_EVERY} documents goes there)")
   return examples.Corpus.from_records(records)
 
 

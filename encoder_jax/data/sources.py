@@ -84,7 +84,8 @@ def split_sentences(text: str) -> tuple[str, ...]:
   out = []
   for paragraph in _BLANK_LINES.split(text):
     for seg in sentencex.segment("en", paragraph):
-      for s in (_resplit(seg) if len(seg) > _SUSPECT_CHARS else (seg,)):
+      suspect = len(seg) > _SUSPECT_CHARS or seg.lstrip().startswith("(")
+      for s in (_resplit(seg) if suspect else (seg,)):
         s = " ".join(s.split())  # newlines and runs of spaces inside a sentence -> one space
         if s:
           out.append(s)

@@ -1,0 +1,79 @@
+"""Text sources and bad input: empty / non-UTF-8 files, one huge document, TFDS by name."""
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from encoder_jax.data import builders, examples, fetch, sources
+
+
+def _moby_text(n_chapters=3):
+  import json  # pylint: disable=g-import-not-at-top
+  folder = fetch.extract_artifact("moby_dick") / "package" / "data"
+  return [json.loads((folder / f"chapter_{i}.json").read_text())["text"]
+          for i in range(1, n_chapters + 1)]
+
+
+def test_split_sentences_leading_parenthesis():
+  text = ("(3) An arrangement was signed at Madrid. The United States is a signatory. "
+          "It will be submitted to the Senate.")
+  assert sources.split_sentences(" ".join([text] * 40))[:3] == (
+      "(3) An arrangement was signed at Madrid.", "The United States is a signatory.",
+      "It will be submitted to the Senate.")
+  assert sources.split_sentences("One.\n\n\n  \nTwo\nlines.") == ("One.", "Two lines.")
+
+
+def test_local_files_bad_input(tmp_path):
+  chapters = _moby_text()
+  (tmp_path / "a.txt").write_text(chapters[0] + "\n\n" + chapters[1], encoding="utf-8")
+  (tmp_path / "empty.txt").write_text("  \n\n ")
+  (tmp_path / "latin1.txt").write_bytes("Café au lait, naïve façade. Second sentence.".encode(
+      "latin-1"))
+  stats = sources.ReadStats()
+  docs = sources.local_documents(str(tmp_path / "*.txt"), stats=stats)
+  assert [d.doc_id.rsplit("/", 1)[1] for d in docs] == ["a.txt", "latin1.txt"]
+  assert (stats.files, stats.empty_files, stats.files_with_bad_bytes, stats.replaced_chars) == (
+      3, 1, 1, 3)  # é, ï, ç: one undecodable latin-1 byte each
+  assert "\ufffd" in docs[1].text and docs[1].sentences[-1] == "Second sentence."
+  blocks = sources.local_documents(str(tmp_path / "a.txt"), blank_line_docs=True)
+  assert len(blocks) >= 2 and blocks[0].sentences[0] == "Call me Ishmael."
+  with pytest.raises(ValueError, match="hold no text"):
+    sources.local_documents(str(tmp_path / "empty.txt"))
+  with pytest.raises(FileNotFoundError, match="nope.txt"):
+    sources.local_documents(str(tmp_path / "nope.txt"))
+
+
+def test_local_corpus_with_one_huge_document(tmp_path, bert_tok):
+  """Moby-Dick chapters as small documents plus one huge document without any punctuation."""
+  chapters = _moby_text(12)
+  for i, ch in enumerate(chapters):
+    (tmp_path / f"ch{i:02d}.txt").write_text(ch)
+  words = " ".join(chapters).replace(".", " ").replace("?", " ").replace("!", " ").split()
+  (tmp_path / "huge.txt").write_text(" ".join(words * 3))  # one "sentence" of ~100k words
+  (tmp_path / "empty.txt").write_text("")
+  builder = builders.prepare_corpus(f"files:{tmp_path}/*.txt", "minilm",
+                                    data_dir=str(tmp_path / "tfds"))
+  stats = builder.info.metadata["train_read_stats"]
+  assert stats["empty_files"] == 1
+  corpus = builders.read_corpus(builder, "train")
+  if builder.info.splits["validation"].num_examples == 0:  # 13 documents: likely none there
+    with pytest.raises(ValueError, match="split 'validation' is empty"):
+      builders.read_corpus(builder, "validation")
+  assert corpus.num_tokens > 100_000 and corpus.sent_len_S.max() > 50_000
+  cfg = examples.ExampleConfig(format="full_sentences", max_length=128)
+  plan = examples.make_plan(corpus, cfg)
+  assert (plan.len_E <= 128).all() and (plan.end_P - plan.start_P).sum() == corpus.num_tokens
+  rows = examples.Rows(corpus, plan, cfg, bert_tok.cls_id, bert_tok.sep_id, bert_tok.pad_id)
+  assert all(rows[r]["mask"].sum() <= 128 for r in range(0, len(rows), 50))
+
+
+def test_tfds_text_dataset_by_name():
+  """Any TFDS text dataset by name + field (mocked records carrying real text)."""
+  chapters = _moby_text(4)
+  records = [{"text": ch.encode(), "label": np.int64(0)} for ch in chapters]
+  with tfds.testing.mock_data(as_data_source_fn=lambda *a, **k: records):
+    docs = list(sources.tfds_documents("imdb_reviews", "text", "train"))
+    assert len(docs) == 4 and docs[0].sentences[0] == "Call me Ishmael."
+    with pytest.raises(ValueError, match=r"no field 'body'.*\['label', 'text'\]"):
+      list(sources.tfds_documents("imdb_reviews", "body", "train"))
+    cfg = builders.PretrainCorpusConfig(name="t", source="tfds:imdb_reviews:text")
+    assert len(list(builders._documents(cfg, "train", sources.ReadStats()))) >= 3
