@@ -75,22 +75,18 @@ class PretrainCorpusConfig(tfds.core.BuilderConfig):
   source_data_dir: str | None = None  # tfds: where the source dataset lives
 
 
-def _documents(cfg: PretrainCorpusConfig, split: str,
-               stats: sources.ReadStats) -> Iterator[sources.Document]:
+def _documents(cfg: PretrainCorpusConfig, stats: sources.ReadStats) -> Iterator[sources.Document]:
+  """Every document of the source, in a fixed order (split later by sources.split_of)."""
   kind, _, rest = cfg.source.partition(":")
   if kind == "demo":
-    yield from sources.demo_documents(cfg.cache_dir, split=split)
+    yield from sources.demo_documents(cfg.cache_dir, split=None)
   elif kind == "files":
-    for d in sources.local_documents(rest.split(","), cfg.blank_line_docs, stats):
-      if sources.split_of(d.doc_id) == split:
-        yield d
+    yield from sources.local_documents(rest.split(","), cfg.blank_line_docs, stats)
   elif kind == "tfds":
     name, _, field = rest.rpartition(":")
     if not name or not field:
       raise ValueError(f"source {cfg.source!r}: expected 'tfds:<name>:<text_field>'")
-    for d in sources.tfds_documents(name, field, "train", cfg.source_data_dir):
-      if sources.split_of(d.doc_id) == split:
-        yield d
+    yield from sources.tfds_documents(name, field, "train", cfg.source_data_dir)
   else:
     raise ValueError(f"unknown corpus source {cfg.source!r}; expected 'demo', "
                      "'files:<glob>' or 'tfds:<name>:<text_field>'")
@@ -179,19 +175,33 @@ class PretrainCorpus(tfds.core.GeneratorBasedBuilder):
     tok = tokenizer.WordPieceTokenizer.from_vocab(cfg.vocab_path, lowercase=cfg.lowercase)
     self.info.metadata["vocab_sha256"] = fetch.sha256_of(cfg.vocab_path)
     self.info.metadata["source"] = cfg.source
-    return {split: self._generate_examples(tok, split) for split in ("train", "validation")}
-
-  def _generate_examples(self, tok, split):
     stats = sources.ReadStats()
+    if cfg.source.startswith("tfds:"):  # may be huge: stream it, once per split
+      return {split: self._generate_examples(
+          tok, split, (d for d in _documents(cfg, stats) if sources.split_of(d.doc_id) == split),
+          stats) for split in ("train", "validation")}
+    # Small sources are read once. TFDS refuses to write an empty split, and a handful of
+    # documents may leave none for validation: then there is no validation split (reading it
+    # raises a clear error) and a warning says so.
+    by_split = {"train": [], "validation": []}
+    for d in _documents(cfg, stats):
+      by_split[sources.split_of(d.doc_id)].append(d)
+    if not by_split["validation"]:
+      logging.warning("%s: none of the %d documents falls in the validation split (1 in %d "
+                      "does); writing train only", cfg.source, len(by_split["train"]),
+                      sources.VALIDATION_EVERY)
+    return {split: self._generate_examples(tok, split, docs, stats)
+            for split, docs in by_split.items() if docs or split == "train"}
+
+  def _generate_examples(self, tok, split, docs, stats):
     counts = {"documents": 0, "sentences": 0, "tokens": 0}
-    docs = _documents(self.builder_config, split, stats)
     for key, rec in tokenize_documents(docs, tok, allow_empty=split != "train"):
       counts["documents"] += 1
       counts["sentences"] += len(rec["sentence_lengths"])
       counts["tokens"] += len(rec["ids"])
       yield key, rec
     self.info.metadata[f"{split}_counts"] = counts
-    self.info.metadata[f"{split}_read_stats"] = dataclasses.asdict(stats)
+    self.info.metadata["read_stats"] = dataclasses.asdict(stats)
 
 
 def prepare_corpus(source: str = "demo", vocab: str = "minilm", data_dir=None, cache_dir=None,
@@ -212,6 +222,10 @@ def prepare_corpus(source: str = "demo", vocab: str = "minilm", data_dir=None, c
 
 def read_corpus(builder: tfds.core.DatasetBuilder, split: str = "train") -> examples.Corpus:
   """Loads a split into flat numpy arrays (examples.Corpus), in document-key order."""
+  if split not in builder.info.splits:
+    raise ValueError(f"{builder.name}/{builder.builder_config.name} has no split {split!r} "
+                     f"(splits: {sorted(builder.info.splits)}); a source this small gets no "
+                     f"validation documents (~1 in {sources.VALIDATION_EVERY} goes there)")
   source = builder.as_data_source(split=split)
   records = [source[i] for i in range(len(source))]
   if not records:

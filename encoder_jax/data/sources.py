@@ -156,10 +156,13 @@ def local_documents(paths: Sequence[str] | str, blank_line_docs: bool = False,
   stats = stats if stats is not None else ReadStats()
   if isinstance(paths, str):
     paths = [paths]
-  files = sorted({f for p in paths for f in (glob.glob(p) or [p])})
+  files = sorted({os.path.abspath(f) for p in paths for f in (glob.glob(p) or [p])})
   missing = [f for f in files if not os.path.isfile(f)]
   if missing:
     raise FileNotFoundError(f"local_documents: no such file(s): {missing[:5]}")
+  # Ids relative to the files' common folder: the train/validation hash split then does not
+  # depend on where the corpus sits on disk.
+  root = os.path.commonpath(files) if len(files) > 1 else os.path.dirname(files[0])
   docs = []
   for path in files:
     stats.files += 1
@@ -174,7 +177,8 @@ def local_documents(paths: Sequence[str] | str, blank_line_docs: bool = False,
       if not sents:
         stats.empty_documents += 1
         continue
-      docs.append(Document(f"{path}#{i}" if blank_line_docs else path, sents))
+      rel = os.path.relpath(path, root)
+      docs.append(Document(f"{rel}#{i}" if blank_line_docs else rel, sents))
   stats.documents = len(docs)
   if stats.empty_files or stats.replaced_chars:
     logging.warning("read %d files: %d empty (skipped), %d with bad UTF-8 (%d chars replaced)",

@@ -30,7 +30,7 @@ def test_local_files_bad_input(tmp_path):
       "latin-1"))
   stats = sources.ReadStats()
   docs = sources.local_documents(str(tmp_path / "*.txt"), stats=stats)
-  assert [d.doc_id.rsplit("/", 1)[1] for d in docs] == ["a.txt", "latin1.txt"]
+  assert [d.doc_id for d in docs] == ["a.txt", "latin1.txt"]
   assert (stats.files, stats.empty_files, stats.files_with_bad_bytes, stats.replaced_chars) == (
       3, 1, 1, 3)  # é, ï, ç: one undecodable latin-1 byte each
   assert "\ufffd" in docs[1].text and docs[1].sentences[-1] == "Second sentence."
@@ -52,11 +52,11 @@ def test_local_corpus_with_one_huge_document(tmp_path, bert_tok):
   (tmp_path / "empty.txt").write_text("")
   builder = builders.prepare_corpus(f"files:{tmp_path}/*.txt", "minilm",
                                     data_dir=str(tmp_path / "tfds"))
-  stats = builder.info.metadata["train_read_stats"]
-  assert stats["empty_files"] == 1
+  stats = builder.info.metadata["read_stats"]
+  assert stats["empty_files"] == 1 and stats["files"] == 14
   corpus = builders.read_corpus(builder, "train")
-  if builder.info.splits["validation"].num_examples == 0:  # 13 documents: likely none there
-    with pytest.raises(ValueError, match="split 'validation' is empty"):
+  if "validation" not in builder.info.splits:  # 13 documents: likely none there
+    with pytest.raises(ValueError, match="no split 'validation'"):
       builders.read_corpus(builder, "validation")
   assert corpus.num_tokens > 100_000 and corpus.sent_len_S.max() > 50_000
   cfg = examples.ExampleConfig(format="full_sentences", max_length=128)
@@ -76,4 +76,4 @@ def test_tfds_text_dataset_by_name():
     with pytest.raises(ValueError, match=r"no field 'body'.*\['label', 'text'\]"):
       list(sources.tfds_documents("imdb_reviews", "body", "train"))
     cfg = builders.PretrainCorpusConfig(name="t", source="tfds:imdb_reviews:text")
-    assert len(list(builders._documents(cfg, "train", sources.ReadStats()))) >= 3
+    assert len(list(builders._documents(cfg, sources.ReadStats()))) == 4
