@@ -1,0 +1,173 @@
+"""Analytic FLOPs per training step (encoder, heads, ELECTRA generator) and MFU.
+
+Convention (stated once, used everywhere):
+  * A matmul of [m, k] x [k, n] is 2*m*k*n FLOPs (multiply + add), as in ELECTRA's
+    flops_computation.py and the "6N" rule. Only matmuls are counted: biases, LayerNorm,
+    activations, softmax and dropout are O(d) per token (~1% of a BERT-base step) and left out.
+  * Forward, per sequence of T tokens, per layer: QKV 2*T*d*3d, attention output 2*T*d*d,
+    FFN 2*T*2*d*f, attention scores QK^T 2*T*T*d and the weighted sum of values 2*T*T*d.
+    Embedding lookups are gathers (0 FLOPs); an embedding projection e -> d (ELECTRA-small)
+    is 2*T*e*d. Heads: MLM 2*d*e + 2*e*V per predicted position (transform + tied decoder),
+    counted at max_predictions positions (sparse prediction) or at all T; NSP/SOP pooler +
+    classifier 2*d*d + 2*d*2 per sequence; RTD 2*d*d + 2*d per token.
+  * Training = (1 + backward_factor) * forward, backward_factor = 2 by default: the backward
+    pass of a matmul is two matmuls (input gradient and weight gradient), so the matmul part
+    is exactly 6 * params * tokens. ELECTRA's script instead takes backward == forward
+    (backward_factor=1) and counts the embedding lookup as a dense one-hot matmul 2*e*V per
+    token (`dense_embedding_lookup=True`); with both set, and its output_frac = P / T, this
+    module reproduces the paper's Table 1 figures within ~2% (it omits their elementwise ops).
+  * The padded batch is what the hardware computes, so every position counts, pad or not.
+  * ELECTRA: generator (its own ModelConfig: a fraction of the width; with tied embeddings its
+    embedding_size is the discriminator's) forward+backward with the MLM head at the masked
+    positions, plus the discriminator with the RTD head at every position.
+
+MFU = achieved model FLOP/s / peak, with the peak per device from `peak_flops_per_device` (the
+vendors' dense bf16 figures; for CPU a measured fp32 matmul rate).
+"""
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+
+from encoder_jax.model.config import ModelConfig
+
+OBJECTIVES = ("mlm", "electra", "electra_15", "replace_mlm", "all_tokens_mlm")
+
+
+def block_matmul_params(cfg: ModelConfig) -> int:
+  """Weights of the dense layers in one block: QKV + output (4*d*d) + FFN (2*d*f)."""
+  d = cfg.hidden_size
+  return 4 * d * d + 2 * d * cfg.ffn_size
+
+
+def encoder_matmul_params(cfg: ModelConfig) -> int:
+  """Non-embedding matmul weights of the encoder: all blocks (+ the e -> d projection)."""
+  projection = cfg.embed_size * cfg.hidden_size if cfg.embed_size != cfg.hidden_size else 0
+  return cfg.num_layers * block_matmul_params(cfg) + projection
+
+
+def forward_flops(cfg: ModelConfig, *, batch_size: int, seq_len: int,
+                  mlm_positions: int = 0, nsp: bool = False, rtd: bool = False,
+                  copy_head: bool = False, dense_embedding_lookup: bool = False,
+                  prefix: str = "") -> dict[str, float]:
+  """Forward FLOPs of one step, by component (keys prefixed with `prefix`).
+
+  mlm_positions: MLM head rows per sequence (max_predictions if sparse, seq_len if dense, 0 none).
+  """
+  B, T = batch_size, seq_len
+  d, e, V, L = cfg.hidden_size, cfg.embed_size, cfg.vocab_size, cfg.num_layers
+  if T > cfg.max_positions:
+    raise ValueError(f"seq_len={T} exceeds max_positions={cfg.max_positions} of the model.")
+  if not 0 <= mlm_positions <= T:
+    raise ValueError(f"mlm_positions={mlm_positions} must be in [0, seq_len={T}].")
+  out = {
+      "embedding_lookup": 2.0 * e * V * T * B if dense_embedding_lookup else 0.0,
+      "embedding_projection": 2.0 * e * d * T * B if e != d else 0.0,
+      "block_dense": 2.0 * L * block_matmul_params(cfg) * T * B,
+      "attention": 4.0 * L * T * T * d * B,
+      "mlm_head": (2.0 * d * e + 2.0 * e * V) * mlm_positions * B,
+      "nsp_head": (2.0 * d * d + 4.0 * d) * B if nsp else 0.0,
+      "rtd_head": (2.0 * d * d + 2.0 * d) * T * B if rtd else 0.0,
+      "copy_head": 2.0 * d * T * B if copy_head else 0.0,
+  }
+  return {prefix + k: v for k, v in out.items()}
+
+
+def train_flops_breakdown(cfg: ModelConfig, *, batch_size: int, seq_len: int,
+                          objective: str = "mlm", max_predictions: int = 20,
+                          sparse_mlm: bool = True, nsp: bool = False,
+                          generator: ModelConfig | None = None, backward_factor: float = 2.0,
+                          dense_embedding_lookup: bool = False) -> dict[str, float]:
+  """Training FLOPs of one step (forward + backward), by component; generator keys "gen_"."""
+  if objective not in OBJECTIVES:
+    raise ValueError(f"objective={objective!r}; choose one of {OBJECTIVES}.")
+  needs_gen = objective != "mlm"
+  if needs_gen and generator is None:
+    raise ValueError(f"objective={objective!r} trains a generator; pass generator=ModelConfig "
+                     "of the generator.")
+  if not needs_gen and generator is not None:
+    raise ValueError("objective='mlm' has no generator; drop generator= or pick an ELECTRA "
+                     "objective.")
+  P = max_predictions if sparse_mlm else seq_len
+  common = dict(batch_size=batch_size, seq_len=seq_len,
+                dense_embedding_lookup=dense_embedding_lookup)
+  if objective in ("mlm", "replace_mlm"):
+    fwd = forward_flops(cfg, mlm_positions=P, nsp=nsp, **common)
+  elif objective == "all_tokens_mlm":
+    fwd = forward_flops(cfg, mlm_positions=seq_len, nsp=nsp, copy_head=True, **common)
+  else:  # electra, electra_15: the RTD head runs at every position either way
+    fwd = forward_flops(cfg, rtd=True, nsp=nsp, **common)
+  if needs_gen:
+    fwd |= forward_flops(generator, mlm_positions=P, prefix="gen_", **common)
+  return {k: (1.0 + backward_factor) * v for k, v in fwd.items()}
+
+
+def train_flops_per_step(cfg: ModelConfig, **kwargs) -> float:
+  """Total training FLOPs of one step; arguments as `train_flops_breakdown`."""
+  return float(sum(train_flops_breakdown(cfg, **kwargs).values()))
+
+
+# Dense (no 2:4 sparsity) bf16 peak FLOP/s per JAX device, from the vendors' spec sheets.
+# TPU v2/v3 expose each TensorCore as a device (half a chip); v4/v5p (megacore), v5e, v6e
+# expose one device per chip.
+_TPU_PEAK = {
+    "tpu v2": 22.5e12, "tpu v3": 61.5e12, "tpu v4": 275e12,
+    "tpu v5 lite": 197e12, "tpu v5e": 197e12, "tpu v5": 459e12, "tpu v5p": 459e12,
+    "tpu v6 lite": 918e12, "tpu v6e": 918e12,
+}
+# GPUs by substring of device_kind, most specific first (SXM figures unless the kind says PCIe/NVL).
+_GPU_PEAK = (
+    ("h100 pcie", 756e12), ("h200 nvl", 835e12), ("h100", 989e12), ("h200", 989e12),
+    ("a100", 312e12), ("v100", 125e12),
+)
+
+
+def peak_flops_per_device(device_kind: str | None = None) -> float:
+  """Peak FLOP/s of one device of this kind (default: jax.devices()[0]); CPU is measured."""
+  kind = (device_kind if device_kind is not None else jax.devices()[0].device_kind).lower()
+  if kind == "cpu" or kind.startswith("cpu"):
+    return measured_cpu_matmul_peak()
+  if kind in _TPU_PEAK:
+    return _TPU_PEAK[kind]
+  for key, peak in _GPU_PEAK:
+    if key in kind:
+      return peak
+  raise ValueError(f"No peak FLOP/s known for device kind {kind!r}; pass the peak explicitly "
+                   "(config.train.peak_flops_per_device) or add it to flops._TPU_PEAK/_GPU_PEAK.")
+
+
+@functools.lru_cache(maxsize=8)
+def measured_cpu_matmul_peak(n: int = 2048, repeats: int = 5) -> float:
+  """FLOP/s of a jitted fp32 n x n matmul on the first device: median of `repeats` timed runs.
+
+  The CPU has no spec-sheet figure that XLA reaches, so MFU on CPU is measured against what
+  this machine's matmul actually does (~208 GFLOP/s on the 2-core dev box). Cached per
+  process: the first call costs about a second.
+  """
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+  matmul = jax.jit(jnp.matmul)
+  matmul(a, b).block_until_ready()  # compile and warm up
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    matmul(a, b).block_until_ready()
+    times.append(time.perf_counter() - start)
+  return 2.0 * n ** 3 / statistics.median(times)
+
+
+def mfu(flops_per_step: float, step_time_s: float, n_devices: int, peak_per_device: float
+        ) -> float:
+  """Model FLOPs utilisation: flops_per_step / (step_time_s * n_devices * peak_per_device).
+
+  On CPU the measured peak is the whole host's (all fake devices share the same cores), so
+  pass n_devices=1 there.
+  """
+  if step_time_s <= 0 or n_devices < 1 or peak_per_device <= 0:
+    raise ValueError(f"step_time_s={step_time_s}, n_devices={n_devices} and peak_per_device="
+                     f"{peak_per_device} must all be positive.")
+  return flops_per_step / (step_time_s * n_devices * peak_per_device)
