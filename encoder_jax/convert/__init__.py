@@ -1,1 +1,6 @@
+"""Checkpoint conversion between HF transformers (safetensors) and encoder_jax."""
+from encoder_jax.convert.hf_bert import (export_hf_bert, hf_config_to_model_config,
+                                         load_hf_bert, model_config_to_hf_config)
 
+__all__ = ["export_hf_bert", "hf_config_to_model_config", "load_hf_bert",
+           "model_config_to_hf_config"]

@@ -1,0 +1,279 @@
+"""HF BERT <-> encoder_jax, through safetensors (never pickle).
+
+Import: `load_hf_bert(dir)` reads `config.json` + `model.safetensors` of a HF `BertModel` or
+`BertForPreTraining` checkpoint and returns our `BertModel` / `BertForPreTraining` with the
+same numbers (tests/convert: max abs diff vs transformers <= 1e-5).
+Export: `export_hf_bert(model, dir)` writes a checkpoint that `transformers.BertModel` /
+`BertForPreTraining.from_pretrained(dir)` loads; import(export(params)) is bit-exact (pure
+transposes and reshapes).
+
+Layout differences handled here: torch Linear weights are [out, in] (ours [in, out]); BERT's
+separate query/key/value become our fused [D, 3, N, H] kernel; scanned stacks hold every
+layer's parameter in one [L, ...] array.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import tempfile
+from typing import Any
+
+import jax
+import numpy as np
+from absl import logging
+from flax import nnx
+from safetensors.numpy import load_file, save_file
+
+from encoder_jax.model.bert import BertForPreTraining, BertModel
+from encoder_jax.model.config import ModelConfig
+
+_ACT_FROM_HF = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+                "relu": "relu"}
+_ACT_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
+# Buffers / tied copies that carry no parameter of their own.
+_IGNORED_KEYS = ("embeddings.position_ids", "cls.predictions.decoder.weight",
+                 "cls.predictions.decoder.bias")
+
+
+def hf_config_to_model_config(hf: dict[str, Any], **overrides: Any) -> ModelConfig:
+  act = hf.get("hidden_act", "gelu")
+  if act not in _ACT_FROM_HF:
+    raise ValueError(f"HF hidden_act={act!r} is not supported; supported: {sorted(_ACT_FROM_HF)}")
+  if hf.get("position_embedding_type", "absolute") != "absolute":
+    raise ValueError("Only absolute (learned) position embeddings are supported; the checkpoint "
+                     f"uses position_embedding_type={hf['position_embedding_type']!r}.")
+  kw = dict(
+      vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+      num_layers=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
+      ffn_size=hf["intermediate_size"], max_positions=hf["max_position_embeddings"],
+      type_vocab_size=hf.get("type_vocab_size", 2), activation=_ACT_FROM_HF[act],
+      hidden_dropout=hf.get("hidden_dropout_prob", 0.1),
+      attention_dropout=hf.get("attention_probs_dropout_prob", 0.1),
+      layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
+      initializer_range=hf.get("initializer_range", 0.02),
+      pad_token_id=hf.get("pad_token_id", 0) or 0,
+  )
+  if hf.get("embedding_size") and hf["embedding_size"] != hf["hidden_size"]:
+    kw["embedding_size"] = hf["embedding_size"]
+  kw.update(overrides)
+  return ModelConfig(**kw)
+
+
+def model_config_to_hf_config(cfg: ModelConfig, architectures: list[str]) -> dict[str, Any]:
+  if cfg.norm_first:
+    raise ValueError("HF BERT is a post-LN model; a pre-LN encoder (norm_first=True) has no "
+                     "HF BERT equivalent. Export post-LN models only.")
+  if cfg.embed_size != cfg.hidden_size:
+    raise ValueError("HF BertModel has no embedding projection; this encoder has "
+                     f"embedding_size={cfg.embed_size} != hidden_size={cfg.hidden_size}.")
+  return {
+      "architectures": architectures, "model_type": "bert",
+      "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+      "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
+      "intermediate_size": cfg.ffn_size, "max_position_embeddings": cfg.max_positions,
+      "type_vocab_size": cfg.type_vocab_size, "hidden_act": _ACT_TO_HF[cfg.activation],
+      "hidden_dropout_prob": cfg.hidden_dropout,
+      "attention_probs_dropout_prob": cfg.attention_dropout,
+      "layer_norm_eps": cfg.layer_norm_eps, "initializer_range": cfg.initializer_range,
+      "pad_token_id": cfg.pad_token_id, "position_embedding_type": "absolute",
+      "tie_word_embeddings": True, "torch_dtype": "float32",
+  }
+
+
+# ----------------------------------------------------------------------------- per-layer maps
+def _layer_from_hf(t: dict[str, np.ndarray], p: str, cfg: ModelConfig) -> dict[str, Any]:
+  d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
+  a = f"{p}attention."
+  qkv_w = [t.pop(f"{a}self.{x}.weight").T.reshape(d, n, h) for x in ("query", "key", "value")]
+  qkv_b = [t.pop(f"{a}self.{x}.bias").reshape(n, h) for x in ("query", "key", "value")]
+  return {
+      "attn": {"qkv_kernel": np.stack(qkv_w, axis=1), "qkv_bias": np.stack(qkv_b, axis=0),
+               "out_kernel": t.pop(f"{a}output.dense.weight").T.reshape(n, h, d),
+               "out_bias": t.pop(f"{a}output.dense.bias")},
+      "ln_attn": _ln_from_hf(t, f"{a}output.LayerNorm"),
+      "ffn_in": _dense_from_hf(t, f"{p}intermediate.dense"),
+      "ffn_out": _dense_from_hf(t, f"{p}output.dense"),
+      "ln_ffn": _ln_from_hf(t, f"{p}output.LayerNorm"),
+  }
+
+
+def _layer_to_hf(layer: dict[str, Any], p: str, cfg: ModelConfig) -> dict[str, np.ndarray]:
+  d = cfg.hidden_size
+  a, out = f"{p}attention.", {}
+  for i, x in enumerate(("query", "key", "value")):
+    out[f"{a}self.{x}.weight"] = layer["attn"]["qkv_kernel"][:, i].reshape(d, d).T
+    out[f"{a}self.{x}.bias"] = layer["attn"]["qkv_bias"][i].reshape(d)
+  out[f"{a}output.dense.weight"] = layer["attn"]["out_kernel"].reshape(d, d).T
+  out[f"{a}output.dense.bias"] = layer["attn"]["out_bias"]
+  out.update(_ln_to_hf(layer["ln_attn"], f"{a}output.LayerNorm"))
+  out.update(_dense_to_hf(layer["ffn_in"], f"{p}intermediate.dense"))
+  out.update(_dense_to_hf(layer["ffn_out"], f"{p}output.dense"))
+  out.update(_ln_to_hf(layer["ln_ffn"], f"{p}output.LayerNorm"))
+  return out
+
+
+def _dense_from_hf(t, name):
+  return {"kernel": t.pop(f"{name}.weight").T, "bias": t.pop(f"{name}.bias")}
+
+
+def _dense_to_hf(p, name):
+  return {f"{name}.weight": p["kernel"].T, f"{name}.bias": p["bias"]}
+
+
+def _ln_from_hf(t, name):
+  # Old TF-converted checkpoints call LayerNorm's parameters gamma/beta.
+  scale = t.pop(f"{name}.weight") if f"{name}.weight" in t else t.pop(f"{name}.gamma")
+  bias = t.pop(f"{name}.bias") if f"{name}.bias" in t else t.pop(f"{name}.beta")
+  return {"scale": scale, "bias": bias}
+
+
+def _ln_to_hf(p, name):
+  return {f"{name}.weight": p["scale"], f"{name}.bias": p["bias"]}
+
+
+# ----------------------------------------------------------------------------- whole models
+def _encoder_from_hf(t: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, Any]:
+  e = "embeddings."
+  emb = {"token": {"embedding": t.pop(f"{e}word_embeddings.weight")},
+         "position": {"embedding": t.pop(f"{e}position_embeddings.weight")},
+         "ln": _ln_from_hf(t, f"{e}LayerNorm")}
+  if cfg.type_vocab_size:
+    emb["token_type"] = {"embedding": t.pop(f"{e}token_type_embeddings.weight")}
+  layers = [_layer_from_hf(t, f"encoder.layer.{i}.", cfg) for i in range(cfg.num_layers)]
+  if cfg.scan_layers:
+    blocks = jax.tree.map(lambda *xs: np.stack(xs), *layers)
+  else:
+    blocks = dict(enumerate(layers))
+  return {"embeddings": emb, "blocks": blocks}
+
+
+def _encoder_to_hf(enc: dict[str, Any], cfg: ModelConfig) -> dict[str, np.ndarray]:
+  e = "embeddings."
+  out = {f"{e}word_embeddings.weight": enc["embeddings"]["token"]["embedding"],
+         f"{e}position_embeddings.weight": enc["embeddings"]["position"]["embedding"],
+         **_ln_to_hf(enc["embeddings"]["ln"], f"{e}LayerNorm")}
+  if cfg.type_vocab_size:
+    out[f"{e}token_type_embeddings.weight"] = enc["embeddings"]["token_type"]["embedding"]
+  for i in range(cfg.num_layers):
+    layer = (jax.tree.map(lambda x, i=i: x[i], enc["blocks"]) if cfg.scan_layers
+             else enc["blocks"][i])
+    out.update(_layer_to_hf(layer, f"encoder.layer.{i}.", cfg))
+  return out
+
+
+def hf_tensors_to_params(t: dict[str, np.ndarray], cfg: ModelConfig, *, pretraining: bool,
+                         nsp: bool = True, pooler: bool = True) -> dict[str, Any]:
+  """HF tensor dict -> our pure parameter dict (BertForPreTraining or BertModel layout).
+
+  Raises if a tensor our model needs is missing; returns the leftovers untouched in `t`.
+  """
+  t = {k.removeprefix("bert."): v for k, v in t.items()}
+  for k in list(t):
+    if k.endswith(_IGNORED_KEYS):
+      t.pop(k)
+  try:
+    bert: dict[str, Any] = {"encoder": _encoder_from_hf(t, cfg)}
+    if (nsp if pretraining else pooler):
+      bert["pooler"] = {"dense": _dense_from_hf(t, "pooler.dense")}
+    if not pretraining:
+      params = bert
+    else:
+      c = "cls.predictions."
+      params = {"bert": bert,
+                "mlm": {"transform": _dense_from_hf(t, f"{c}transform.dense"),
+                        "ln": _ln_from_hf(t, f"{c}transform.LayerNorm"),
+                        "bias": t.pop(f"{c}bias")}}
+      if nsp:
+        params["nsp"] = {"out": _dense_from_hf(t, "cls.seq_relationship")}
+  except KeyError as e:
+    raise ValueError(f"The HF checkpoint has no tensor {e.args[0]!r} needed for this model "
+                     f"(pretraining={pretraining}, nsp={nsp}, pooler={pooler}). A bare "
+                     "BertModel checkpoint has no MLM/NSP heads: load it with "
+                     "pretraining=False.") from None
+  if t:
+    logging.warning("Unused tensors in the HF checkpoint: %s", sorted(t))
+  return params
+
+
+def params_to_hf_tensors(params: dict[str, Any], cfg: ModelConfig, *,
+                         pretraining: bool) -> dict[str, np.ndarray]:
+  bert = params["bert"] if pretraining else params
+  prefix = "bert." if pretraining else ""
+  out = {prefix + k: v for k, v in _encoder_to_hf(bert["encoder"], cfg).items()}
+  if bert.get("pooler"):
+    out.update({prefix + k: v for k, v in
+                _dense_to_hf(bert["pooler"]["dense"], "pooler.dense").items()})
+  if pretraining:
+    c = "cls.predictions."
+    out.update(_dense_to_hf(params["mlm"]["transform"], f"{c}transform.dense"))
+    out.update(_ln_to_hf(params["mlm"]["ln"], f"{c}transform.LayerNorm"))
+    out[f"{c}bias"] = params["mlm"]["bias"]
+    if params.get("nsp"):
+      out.update(_dense_to_hf(params["nsp"]["out"], "cls.seq_relationship"))
+  return {k: np.ascontiguousarray(v) for k, v in out.items()}
+
+
+def _pure_params(model: nnx.Module) -> dict[str, Any]:
+  pure = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  return jax.tree.map(np.asarray, pure)
+
+
+def load_hf_bert(path: str | os.PathLike, *, pretraining: bool = False, nsp: bool = True,
+                 pooler: bool = True, **config_overrides: Any):
+  """Loads a HF BERT checkpoint directory as our BertModel (or BertForPreTraining).
+
+  `config_overrides` change numerics, not shapes (e.g. scan_layers=False, dtype="bfloat16",
+  hidden_dropout=0.0). The model is returned in eval mode.
+  """
+  path = pathlib.Path(path)
+  cfg_file, st_file = path / "config.json", path / "model.safetensors"
+  for f in (cfg_file, st_file):
+    if not f.exists():
+      raise FileNotFoundError(f"{f} not found: a HF checkpoint directory needs config.json and "
+                              "model.safetensors (convert .bin checkpoints with transformers' "
+                              "save_pretrained(safe_serialization=True) first).")
+  cfg = hf_config_to_model_config(json.loads(cfg_file.read_text()), **config_overrides)
+  params = hf_tensors_to_params(load_file(str(st_file)), cfg, pretraining=pretraining,
+                                nsp=nsp, pooler=pooler)
+  rngs = nnx.Rngs(0)
+  model = (BertForPreTraining(cfg, nsp=nsp, rngs=rngs) if pretraining
+           else BertModel(cfg, pooler=pooler, rngs=rngs))
+  _assign(model, params)
+  model.eval()
+  return model
+
+
+def _assign(model: nnx.Module, params: dict[str, Any]) -> None:
+  state = nnx.state(model, nnx.Param)
+  want = jax.tree.map(lambda x: (x.shape, x.dtype), nnx.to_pure_dict(state))
+  got = jax.tree.map(lambda x: x.shape, params)
+  if jax.tree.structure(got) != jax.tree.structure(jax.tree.map(lambda s: s[0], want,
+                                                                 is_leaf=lambda x: isinstance(x, tuple))):
+    raise ValueError(f"Converted parameter tree does not match the model:\n{got}\nvs\n{want}")
+  def cast(x, w):
+    shape, dtype = w
+    if x.shape != shape:
+      raise ValueError(f"HF tensor of shape {x.shape} does not fit parameter shape {shape}.")
+    return jax.numpy.asarray(x, dtype=dtype)
+  nnx.replace_by_pure_dict(state, jax.tree.map(cast, params, want,
+                                               is_leaf=lambda x: isinstance(x, np.ndarray)))
+  nnx.update(model, state)
+
+
+def export_hf_bert(model: BertModel | BertForPreTraining, out_dir: str | os.PathLike) -> None:
+  """Writes config.json + model.safetensors loadable by transformers (atomically)."""
+  pretraining = isinstance(model, BertForPreTraining)
+  cfg = model.cfg
+  arch = ["BertForPreTraining"] if pretraining else ["BertModel"]
+  hf_cfg = model_config_to_hf_config(cfg, arch)
+  tensors = params_to_hf_tensors(_pure_params(model), cfg, pretraining=pretraining)
+  tensors = {k: v.astype(np.float32) for k, v in tensors.items()}
+  out_dir = pathlib.Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  # Write to temporaries in the same folder, then rename: a crash never leaves a half file.
+  with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+    save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+    pathlib.Path(tmp, "config.json").write_text(json.dumps(hf_cfg, indent=2) + "\n")
+    for name in ("model.safetensors", "config.json"):
+      os.replace(os.path.join(tmp, name), out_dir / name)

@@ -1,0 +1,96 @@
+"""Bidirectional multi-head self-attention with key-padding and packed-segment masks.
+
+Shapes in names: B batch, T query length, S key length, D hidden, N heads, H head dim.
+Masks are boolean, True = may attend.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from encoder_jax.model.config import ModelConfig
+
+
+def init_normal(cfg: ModelConfig):
+  # BERT initialises every weight matrix with a truncated normal of std initializer_range.
+  return nnx.initializers.truncated_normal(stddev=cfg.initializer_range)
+
+
+def make_attention_mask(mask_BxT: jax.Array,
+                        segment_ids_BxT: jax.Array | None = None) -> jax.Array:
+  """Boolean [B, 1, T, T] mask: key j is visible to query i.
+
+  Keys that are padding (mask False) are never visible. With packed rows, `segment_ids_BxT`
+  (1..k for the k examples packed in a row, 0 for padding) also restricts every query to keys
+  of its own example, so packed examples cannot see each other. There is no causal part: the
+  encoder is bidirectional.
+  """
+  mask_BxT = mask_BxT.astype(bool)
+  keys_Bx1x1xS = mask_BxT[:, None, None, :]
+  if segment_ids_BxT is None:
+    return jnp.broadcast_to(keys_Bx1x1xS, (mask_BxT.shape[0], 1, mask_BxT.shape[1],
+                                          mask_BxT.shape[1]))
+  same_Bx1xTxS = segment_ids_BxT[:, None, :, None] == segment_ids_BxT[:, None, None, :]
+  return same_Bx1xTxS & keys_Bx1x1xS
+
+
+class MultiHeadAttention(nnx.Module):
+  """Fused-QKV self-attention; softmax in fp32; fully masked query rows output zeros.
+
+  The QKV projection is one [D, 3, N, H] kernel (one matmul instead of three) sharded on the
+  'heads' axis for tensor parallelism; the HF converter splits/stacks BERT's query/key/value.
+  """
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
+    init = init_normal(cfg)
+    pdt = cfg.storage_dtype
+    # Logical axis names are metadata only; the trainer maps them to a mesh (no eager sharding).
+    self.qkv_kernel = nnx.Param(init(rngs.params(), (d, 3, n, h), pdt),
+                                out_sharding=("embed", None, "heads", "kv"),
+                                eager_sharding=False)
+    self.qkv_bias = nnx.Param(jnp.zeros((3, n, h), pdt), out_sharding=(None, "heads", "kv"),
+                             eager_sharding=False)
+    self.out_kernel = nnx.Param(init(rngs.params(), (n, h, d), pdt),
+                                out_sharding=("heads", "kv", "embed"),
+                                eager_sharding=False)
+    self.out_bias = nnx.Param(jnp.zeros((d,), pdt), out_sharding=("embed",), eager_sharding=False)
+    self.dropout = nnx.Dropout(cfg.attention_dropout, deterministic=True)
+    self.dtype = cfg.compute_dtype
+
+  def __call__(self, x_BxTxD: jax.Array, mask_Bx1xTxS: jax.Array, *,
+               dropout_rng: jax.Array | None = None) -> jax.Array:
+    dt = self.dtype
+    x_BxTxD = x_BxTxD.astype(dt)
+    qkv_BxTx3xNxH = (jnp.einsum("btd,dcnh->btcnh", x_BxTxD, self.qkv_kernel[...].astype(dt))
+                     + self.qkv_bias[...].astype(dt)[None, None])
+    q_BxTxNxH, k_BxSxNxH, v_BxSxNxH = (qkv_BxTx3xNxH[:, :, i] for i in range(3))
+    if self.dropout.deterministic or self.dropout.rate == 0.0:
+      # jax.nn.dot_product_attention: XLA's fused attention on CPU/TPU, cuDNN flash attention on
+      # GPU when the dtype allows; it computes the softmax in fp32.
+      out_BxTxNxH = jax.nn.dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH,
+                                                 mask=mask_Bx1xTxS)
+    else:
+      # Attention-probability dropout (BERT's attention_probs_dropout_prob) needs the
+      # probabilities, which the fused kernel does not expose: explicit path, same maths.
+      out_BxTxNxH = self._explicit_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS,
+                                             dropout_rng)
+    # A query that may see no key at all (a row of pure padding) gets zeros, not an average of
+    # padding values: defined, finite, and independent of what the padding holds.
+    any_Bx1xTx1 = jnp.any(mask_Bx1xTxS, axis=-1, keepdims=True)
+    out_BxTxNxH = jnp.where(jnp.transpose(any_Bx1xTx1, (0, 2, 1, 3)), out_BxTxNxH, 0)
+    return (jnp.einsum("btnh,nhd->btd", out_BxTxNxH, self.out_kernel[...].astype(dt))
+            + self.out_bias[...].astype(dt)[None, None])
+
+  def _explicit_attention(self, q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS, dropout_rng):
+    if dropout_rng is None:
+      raise ValueError("MultiHeadAttention is in train mode with attention_dropout > 0 but no "
+                       "dropout_rng was given; pass dropout_rng or call model.eval().")
+    scale = 1.0 / jnp.sqrt(jnp.float32(q_BxTxNxH.shape[-1]))
+    logits_BxNxTxS = jnp.einsum("btnh,bsnh->bnts", q_BxTxNxH, k_BxSxNxH).astype(jnp.float32)
+    logits_BxNxTxS = jnp.where(mask_Bx1xTxS, logits_BxNxTxS * scale,
+                               jnp.finfo(jnp.float32).min)
+    probs_BxNxTxS = jax.nn.softmax(logits_BxNxTxS, axis=-1).astype(self.dtype)
+    probs_BxNxTxS = self.dropout(probs_BxNxTxS, rngs=dropout_rng)
+    return jnp.einsum("bnts,bsnh->btnh", probs_BxNxTxS, v_BxSxNxH)

@@ -1,0 +1,276 @@
+"""Embeddings, the Transformer block (post-LN BERT | pre-LN) and the encoder stack.
+
+Train vs eval mode is explicit and separate from freezing: `model.train()` turns dropout on
+(and then every call needs a `dropout_rng`), `model.eval()` turns it off; freezing parameters
+is the optimizer's business (see encoder_jax.train.optim), never a mode of the model.
+Models are built in eval mode.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from encoder_jax.model.attention import MultiHeadAttention, init_normal, make_attention_mask
+from encoder_jax.model.config import ModelConfig
+
+_REMAT = {
+    "full": None,  # save nothing, recompute the whole block in the backward pass
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def activation_fn(name: str):
+  return {
+      "gelu": lambda x: jax.nn.gelu(x, approximate=False),  # BERT: exact erf GELU
+      "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+      "relu": jax.nn.relu,
+  }[name]
+
+
+# Parameters carry logical axis names ("embed", "mlp", "heads", ...) as metadata; the trainer maps
+# them to mesh axes with one rules table. Eager sharding (flax >= 0.12) would need a mesh at
+# construction time, so every constructor here turns it off.
+def layer_norm(cfg: ModelConfig, features: int, *, rngs: nnx.Rngs) -> nnx.LayerNorm:
+  with nnx.use_eager_sharding(False):
+    return nnx.LayerNorm(
+        features, epsilon=cfg.layer_norm_eps, dtype=cfg.compute_dtype,
+        param_dtype=cfg.storage_dtype,
+        scale_init=nnx.with_partitioning(nnx.initializers.ones_init(), ("embed",)),
+        bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), ("embed",)), rngs=rngs)
+
+
+def dense(cfg: ModelConfig, din: int, dout: int, axes: tuple[str | None, str | None], *,
+          rngs: nnx.Rngs) -> nnx.Linear:
+  with nnx.use_eager_sharding(False):
+    return nnx.Linear(
+        din, dout, dtype=cfg.compute_dtype, param_dtype=cfg.storage_dtype,
+        kernel_init=nnx.with_partitioning(init_normal(cfg), axes),
+        bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), (axes[1],)), rngs=rngs)
+
+
+def _fold(rng: jax.Array | None, i: int) -> jax.Array | None:
+  return None if rng is None else jax.random.fold_in(rng, i)
+
+
+class Embeddings(nnx.Module):
+  """Token + learned position + segment (token type) embeddings, LayerNorm, dropout.
+
+  With `embedding_size != hidden_size` (ELECTRA-small) the tables are narrower and a dense
+  projection maps the normalised sum to hidden_size.
+  """
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    e = cfg.embed_size
+    emb = lambda n, axes: nnx.Embed(
+        n, e, dtype=cfg.compute_dtype, param_dtype=cfg.storage_dtype,
+        embedding_init=nnx.with_partitioning(init_normal(cfg), axes), rngs=rngs)
+    with nnx.use_eager_sharding(False):
+      self.token = emb(cfg.vocab_size, ("vocab", "embed"))
+      self.position = emb(cfg.max_positions, (None, "embed"))
+      self.token_type = (emb(cfg.type_vocab_size, (None, "embed")) if cfg.type_vocab_size
+                         else None)
+    self.ln = layer_norm(cfg, e, rngs=rngs)
+    self.dropout = nnx.Dropout(cfg.hidden_dropout, deterministic=True)
+    self.projection = (dense(cfg, e, cfg.hidden_size, ("embed", "embed_out"), rngs=rngs)
+                       if e != cfg.hidden_size else None)
+
+  def __call__(self, ids_BxT, token_types_BxT, positions_BxT, *, dropout_rng=None):
+    x_BxTxE = self.token(ids_BxT) + self.position(positions_BxT)
+    if self.token_type is not None:
+      x_BxTxE = x_BxTxE + self.token_type(token_types_BxT)
+    x_BxTxE = self.dropout(self.ln(x_BxTxE), rngs=dropout_rng)
+    return x_BxTxE if self.projection is None else self.projection(x_BxTxE)
+
+
+class Block(nnx.Module):
+  """One Transformer encoder layer.
+
+  post-LN (BERT, `norm_first=False`):  x = LN(x + Drop(Attn(x)));  x = LN(x + Drop(FFN(x)))
+  pre-LN (`norm_first=True`):          x = x + Drop(Attn(LN(x)));  x = x + Drop(FFN(LN(x)))
+  Equal to torch.nn.TransformerEncoderLayer(norm_first=False|True, activation="gelu") in eval
+  mode (tests/model/test_torch_parity.py).
+  """
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    d, f = cfg.hidden_size, cfg.ffn_size
+    self.attn = MultiHeadAttention(cfg, rngs=rngs)
+    self.ln_attn = layer_norm(cfg, d, rngs=rngs)
+    self.ffn_in = dense(cfg, d, f, ("embed", "mlp"), rngs=rngs)
+    self.ffn_out = dense(cfg, f, d, ("mlp", "embed"), rngs=rngs)
+    self.ln_ffn = layer_norm(cfg, d, rngs=rngs)
+    self.dropout = nnx.Dropout(cfg.hidden_dropout, deterministic=True)
+    self.norm_first = cfg.norm_first
+    self.act = cfg.activation
+
+  def __call__(self, x_BxTxD, mask_Bx1xTxT, dropout_rng=None):
+    drop = lambda y, i: self.dropout(y, rngs=_fold(dropout_rng, i))
+    ffn = lambda y: self.ffn_out(activation_fn(self.act)(self.ffn_in(y)))
+    attn = lambda y: self.attn(y, mask_Bx1xTxT, dropout_rng=_fold(dropout_rng, 2))
+    if self.norm_first:
+      x_BxTxD = x_BxTxD + drop(attn(self.ln_attn(x_BxTxD)), 0)
+      return x_BxTxD + drop(ffn(self.ln_ffn(x_BxTxD)), 1)
+    x_BxTxD = self.ln_attn(x_BxTxD + drop(attn(x_BxTxD), 0))
+    return self.ln_ffn(x_BxTxD + drop(ffn(x_BxTxD), 1))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class EncoderOutput:
+  """What the encoder hands to heads, and to a seq2seq decoder as cross-attention memory.
+
+  hidden_BxTxD: all T vectors (padding positions included; ignore them through `mask_BxT`).
+  mask_BxT: True at real tokens. A decoder's cross-attention uses it as its key mask so padded
+  memory slots are never attended (see tests/model/test_invariants.py::test_memory_*).
+  """
+  hidden_BxTxD: jax.Array
+  mask_BxT: jax.Array
+
+
+class Encoder(nnx.Module):
+  """Embeddings -> L blocks (scanned or unrolled) -> final LayerNorm for pre-LN stacks."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    with nnx.use_eager_sharding(False):  # logical axis names are metadata; the trainer shards.
+      self.embeddings = Embeddings(cfg, rngs=rngs)
+      if cfg.scan_layers:
+        @nnx.split_rngs(splits=cfg.num_layers)
+        @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+        def make_blocks(rngs):
+          return Block(cfg, rngs=rngs)
+        self.blocks = make_blocks(rngs)
+      else:
+        self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+      self.final_ln = layer_norm(cfg, cfg.hidden_size, rngs=rngs) if cfg.norm_first else None
+
+  def __call__(self, input_ids_BxT, mask_BxT=None, token_types_BxT=None,
+               segment_ids_BxT=None, positions_BxT=None, *, dropout_rng=None) -> EncoderOutput:
+    """Encodes a batch.
+
+    Args:
+      input_ids_BxT: int token ids in [0, vocab_size).
+      mask_BxT: True/1 at real tokens, False/0 at padding. Default: `input_ids != pad_token_id`.
+      token_types_BxT: segment A/B ids in [0, type_vocab_size). Default: zeros.
+      segment_ids_BxT: packed rows: 1..k for the k examples in a row, 0 at padding; attention
+        then stays inside each example. Default: no packing.
+      positions_BxT: position ids. Default: 0..T-1, restarting at every packed example.
+      dropout_rng: a PRNG key; required in train mode when dropout > 0.
+    Validation (ids range, lengths, shapes) runs here on concrete inputs, outside jit; under
+    jit only the static shape checks run.
+    """
+    cfg = self.cfg
+    input_ids_BxT, mask_BxT, token_types_BxT, segment_ids_BxT, positions_BxT = validate_inputs(
+        cfg, input_ids_BxT, mask_BxT, token_types_BxT, segment_ids_BxT, positions_BxT)
+    if _dropout_active(self) and dropout_rng is None:
+      raise ValueError("The model is in train mode (dropout on) but dropout_rng is None; pass "
+                       "dropout_rng=jax.random.fold_in(key, step) or call model.eval().")
+    x_BxTxD = self.embeddings(input_ids_BxT, token_types_BxT, positions_BxT,
+                              dropout_rng=_fold(dropout_rng, 0))
+    mask_Bx1xTxT = make_attention_mask(mask_BxT, segment_ids_BxT)
+    layer_rng = _fold(dropout_rng, 1)
+    if cfg.scan_layers:
+      x_BxTxD = self._scan_blocks(x_BxTxD, mask_Bx1xTxT, layer_rng)
+    else:
+      for i, block in enumerate(self.blocks):
+        x_BxTxD = self._remat(type(block).__call__)(block, x_BxTxD, mask_Bx1xTxT,
+                                                    _fold(layer_rng, i))
+    if self.final_ln is not None:
+      x_BxTxD = self.final_ln(x_BxTxD)
+    return EncoderOutput(hidden_BxTxD=x_BxTxD, mask_BxT=mask_BxT)
+
+  def _remat(self, fn):
+    if self.cfg.remat_policy == "none":
+      return fn
+    return nnx.remat(fn, policy=_REMAT[self.cfg.remat_policy])
+
+  def _scan_blocks(self, x_BxTxD, mask_Bx1xTxT, layer_rng):
+    call = self._remat(type(self.blocks).__call__)
+    if layer_rng is None:
+      @nnx.scan(in_axes=(nnx.Carry, 0, None), out_axes=nnx.Carry,
+                transform_metadata={nnx.PARTITION_NAME: "layers"})
+      def body(x, block, mask):
+        return call(block, x, mask)
+      return body(x_BxTxD, self.blocks, mask_Bx1xTxT)
+
+    @nnx.scan(in_axes=(nnx.Carry, 0, None, 0), out_axes=nnx.Carry,
+              transform_metadata={nnx.PARTITION_NAME: "layers"})
+    def body_rng(x, block, mask, rng):
+      return call(block, x, mask, rng)
+    return body_rng(x_BxTxD, self.blocks, mask_Bx1xTxT,
+                    jax.random.split(layer_rng, self.cfg.num_layers))
+
+
+def _dropout_active(module: nnx.Module) -> bool:
+  return any(not m.deterministic and m.rate > 0
+             for _, m in nnx.iter_modules(module) if isinstance(m, nnx.Dropout))
+
+
+def _concrete(x: Any) -> bool:
+  return not isinstance(x, jax.core.Tracer)
+
+
+def validate_inputs(cfg: ModelConfig, input_ids, mask=None, token_types=None, segment_ids=None,
+                    positions=None):
+  """Checks shapes (always) and value ranges (when concrete) and fills defaults.
+
+  Raises ValueError naming the argument and the limit, instead of XLA's silent clamping of
+  out-of-range gathers (an id >= vocab_size would otherwise read the last embedding row).
+  """
+  input_ids = jnp.asarray(input_ids)
+  if input_ids.ndim != 2:
+    raise ValueError(f"input_ids must be [batch, length]; got shape {input_ids.shape}. "
+                     "Add a batch axis for a single sequence (ids[None]).")
+  if not jnp.issubdtype(input_ids.dtype, jnp.integer):
+    raise ValueError(f"input_ids must be integers; got dtype {input_ids.dtype}.")
+  b, t = input_ids.shape
+  if t > cfg.max_positions:
+    raise ValueError(f"input_ids has length {t} > max_positions={cfg.max_positions}; truncate "
+                     f"the sequences or build the model with a larger max_positions.")
+  named = {"mask": mask, "token_types": token_types, "segment_ids": segment_ids,
+           "positions": positions}
+  for name, arr in named.items():
+    if arr is not None and jnp.shape(arr) != (b, t):
+      raise ValueError(f"{name} has shape {jnp.shape(arr)} but input_ids has shape {(b, t)}; "
+                       f"they must match.")
+  mask = (input_ids != cfg.pad_token_id) if mask is None else jnp.asarray(mask).astype(bool)
+  token_types = (jnp.zeros_like(input_ids) if token_types is None
+                 else jnp.asarray(token_types).astype(jnp.int32))
+  if positions is None:
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    if segment_ids is not None:
+      positions = packed_positions(jnp.asarray(segment_ids))
+  positions = jnp.asarray(positions).astype(jnp.int32)
+  if _concrete(input_ids):
+    _check_range("input_ids", input_ids, cfg.vocab_size, "vocab_size")
+  if _concrete(token_types):
+    _check_range("token_types", token_types, max(cfg.type_vocab_size, 1), "type_vocab_size")
+  if _concrete(positions):
+    _check_range("positions", positions, cfg.max_positions, "max_positions")
+  return input_ids, mask, token_types, segment_ids, positions
+
+
+def _check_range(name, arr, limit, limit_name):
+  arr = np.asarray(arr)  # concrete here; numpy keeps the check out of any enclosing trace
+  if arr.size == 0:
+    return
+  lo, hi = int(arr.min()), int(arr.max())
+  if lo < 0 or hi >= limit:
+    raise ValueError(f"{name} has values in [{lo}, {hi}] but must lie in [0, {limit}) "
+                     f"({limit_name}={limit}).")
+
+
+def packed_positions(segment_ids_BxT: jax.Array) -> jax.Array:
+  """Position ids that restart at 0 at the first token of every packed example."""
+  t = segment_ids_BxT.shape[1]
+  idx_BxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), segment_ids_BxT.shape)
+  starts_BxT = jnp.concatenate(
+      [jnp.ones_like(segment_ids_BxT[:, :1], dtype=bool),
+       segment_ids_BxT[:, 1:] != segment_ids_BxT[:, :-1]], axis=1)
+  start_idx_BxT = jax.lax.cummax(jnp.where(starts_BxT, idx_BxT, 0), axis=1)
+  return idx_BxT - start_idx_BxT
