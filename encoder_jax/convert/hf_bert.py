@@ -236,9 +236,10 @@ def load_hf_bert(path: str | os.PathLike, *, pretraining: bool = False, nsp: boo
   cfg = hf_config_to_model_config(json.loads(cfg_file.read_text()), **config_overrides)
   params = hf_tensors_to_params(load_file(str(st_file)), cfg, pretraining=pretraining,
                                 nsp=nsp, pooler=pooler)
-  rngs = nnx.Rngs(0)
-  model = (BertForPreTraining(cfg, nsp=nsp, rngs=rngs) if pretraining
-           else BertModel(cfg, pooler=pooler, rngs=rngs))
+  # Build the module abstractly (no random init of ~100M numbers we would overwrite at once),
+  # then fill every parameter from the checkpoint.
+  model = nnx.eval_shape(lambda: BertForPreTraining(cfg, nsp=nsp, rngs=nnx.Rngs(0))
+                         if pretraining else BertModel(cfg, pooler=pooler, rngs=nnx.Rngs(0)))
   _assign(model, params)
   model.eval()
   return model
