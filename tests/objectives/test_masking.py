@@ -15,7 +15,7 @@ PAD, CLS, SEP, MASK, UNK = 0, 1, 2, 3, 4
 SPECIALS = (PAD, CLS, SEP, MASK, UNK)
 
 
-def make_batch(seed, B, T, min_len=3):
+def make_batch(seed, B, T, min_len=3):  # numpy: jax.random eagerly compiles per op
   """[CLS] w w ... [SEP] pad pad: random lengths, ids drawn from the non-special range."""
   rng = np.random.default_rng(seed)
   ids = rng.integers(len(SPECIALS), V, size=(B, T)).astype(np.int32)
@@ -65,10 +65,14 @@ def test_num_tokens_override_counts_specials_like_bert():
   np.testing.assert_array_equal(np.asarray(mb.weights_BxP.sum(1)).astype(int), want)
 
 
+# One batch shape and one set of static arguments across tests: each compile costs seconds.
+BIG = dict(seed=4, B=512, T=128, min_len=128)
+
+
 def test_specials_and_pads_never_chosen_and_minus_100_elsewhere():
-  ids, maskable, _ = make_batch(2, 64, 128)
+  ids, maskable, _ = make_batch(2, 512, 128)
   for wwm in (False, True):
-    starts = jax.random.bernoulli(jax.random.key(9), 0.7, ids.shape)
+    starts = np.random.default_rng(9).random(ids.shape) < 0.7
     mb = run(jax.random.key(1), ids, maskable, starts, wwm=wwm)
     chosen = np.asarray(mb.labels_BxT) != IGNORE_LABEL
     assert not (chosen & ~np.asarray(maskable)).any()
@@ -87,7 +91,7 @@ def test_specials_and_pads_never_chosen_and_minus_100_elsewhere():
 
 
 def test_chosen_rate_is_15_percent():
-  ids, maskable, _ = make_batch(3, 256, 128, min_len=100)  # P=20 never binds: 0.15*127 < 20
+  ids, maskable, _ = make_batch(**BIG)  # 126 maskable per row: n = 19 < P = 20
   mb = run(jax.random.key(2), ids, maskable)
   rate = float(mb.weights_BxP.sum() / np.asarray(maskable).sum())
   assert abs(rate - 0.15) < 0.005, rate
@@ -95,7 +99,7 @@ def test_chosen_rate_is_15_percent():
 
 @pytest.mark.parametrize("mask_frac,random_frac", [(0.8, 0.1), (0.85, 0.0)])
 def test_corruption_split_within_tolerance(mask_frac, random_frac):
-  ids, maskable, _ = make_batch(4, 512, 128, min_len=128)
+  ids, maskable, _ = make_batch(**BIG)
   mb = run(jax.random.key(5), ids, maskable, mask_frac=mask_frac, random_frac=random_frac)
   chosen = np.asarray(mb.labels_BxT) != IGNORE_LABEL
   new, old = np.asarray(mb.ids_BxT)[chosen], np.asarray(ids)[chosen]
@@ -132,7 +136,7 @@ def word_ids(starts, maskable):
 
 def test_whole_word_masking_takes_whole_words_greedily():
   ids, maskable, _ = make_batch(5, 64, 64, min_len=10)
-  starts = jax.random.bernoulli(jax.random.key(4), 0.4, ids.shape)  # words of ~2.5 tokens
+  starts = np.random.default_rng(4).random(ids.shape) < 0.4  # words of ~2.5 tokens
   mb = run(jax.random.key(6), ids, maskable, starts, P=12, wwm=True)
   chosen = np.asarray(mb.labels_BxT) != IGNORE_LABEL
   m, s = np.asarray(maskable), np.asarray(starts)
