@@ -129,6 +129,40 @@ class WordPieceTokenizer:
     }
 
 
+  def batch_encode_words(self, words_batch: Sequence[Sequence[str]],
+                         labels_batch: Sequence[Sequence[int]] | None = None,
+                         max_length: int = 128, ignore_label: int = -100) -> dict[str, np.ndarray]:
+    """Pre-split words (e.g. Brown POS) -> `[CLS] pieces [SEP]` rows for token tagging.
+
+    Returns input_ids / mask / token_types as in `batch_encode_pairs`, plus int32 [B, T]
+    `labels` (only with labels_batch): each word's label on its first WordPiece, ignore_label
+    (-100) on later pieces, specials, pads and words cut off by truncation; and `first_piece`
+    (bool [B, T]) marking the labelled positions.
+    """
+    self._pairs.enable_truncation(max_length, strategy="longest_first")
+    self._pairs.enable_padding(pad_id=self.pad_id, pad_token="[PAD]", length=max_length)
+    encs = self._pairs.encode_batch([list(w) for w in words_batch], is_pretokenized=True)
+    out = {
+        "input_ids": np.array([e.ids for e in encs], np.int32).reshape(-1, max_length),
+        "mask": np.array([e.attention_mask for e in encs], np.int32).reshape(-1, max_length),
+        "token_types": np.array([e.type_ids for e in encs], np.int32).reshape(-1, max_length),
+    }
+    word_BxT = np.array([[-1 if w is None else w for w in e.word_ids] for e in encs],
+                        np.int64).reshape(-1, max_length)
+    prev_BxT = np.concatenate([np.full((len(encs), 1), -1), word_BxT[:, :-1]], axis=1)
+    first_BxT = (word_BxT >= 0) & (word_BxT != prev_BxT)
+    out["first_piece"] = first_BxT
+    if labels_batch is not None:
+      labels_BxT = np.full(word_BxT.shape, ignore_label, np.int32)
+      for b, labels in enumerate(labels_batch):
+        if len(labels) != len(words_batch[b]):
+          raise ValueError(f"example {b}: {len(words_batch[b])} words but {len(labels)} labels")
+        cols = np.flatnonzero(first_BxT[b])
+        labels_BxT[b, cols] = np.asarray(labels, np.int32)[word_BxT[b, cols]]
+      out["labels"] = labels_BxT
+    return out
+
+
 def train_vocab(files_or_iterator: Iterable[str] | Sequence[os.PathLike], vocab_size: int,
                 out_path, lowercase: bool = True, min_frequency: int = 2,
                 limit_alphabet: int = 1000) -> WordPieceTokenizer:
