@@ -61,8 +61,9 @@ def _fold(rng: jax.Array | None, i: int) -> jax.Array | None:
 class Embeddings(nnx.Module):
   """Token + learned position + segment (token type) embeddings, LayerNorm, dropout.
 
-  With `embedding_size != hidden_size` (ELECTRA-small) the tables are narrower and a dense
-  projection maps the normalised sum to hidden_size.
+  Output width is `cfg.embed_size`; when it differs from hidden_size (ELECTRA-small) the
+  Encoder owns the projection, so that an ELECTRA generator of another width can share this
+  whole module (token, position and type tables + LayerNorm) with its discriminator.
   """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -77,15 +78,12 @@ class Embeddings(nnx.Module):
                          else None)
     self.ln = layer_norm(cfg, e, rngs=rngs)
     self.dropout = nnx.Dropout(cfg.hidden_dropout, deterministic=True)
-    self.projection = (dense(cfg, e, cfg.hidden_size, ("embed", "embed_out"), rngs=rngs)
-                       if e != cfg.hidden_size else None)
 
   def __call__(self, ids_BxT, token_types_BxT, positions_BxT, *, dropout_rng=None):
     x_BxTxE = self.token(ids_BxT) + self.position(positions_BxT)
     if self.token_type is not None:
       x_BxTxE = x_BxTxE + self.token_type(token_types_BxT)
-    x_BxTxE = self.dropout(self.ln(x_BxTxE), rngs=dropout_rng)
-    return x_BxTxE if self.projection is None else self.projection(x_BxTxE)
+    return self.dropout(self.ln(x_BxTxE), rngs=dropout_rng)
 
 
 class Block(nnx.Module):
@@ -133,12 +131,22 @@ class EncoderOutput:
 
 
 class Encoder(nnx.Module):
-  """Embeddings -> L blocks (scanned or unrolled) -> final LayerNorm for pre-LN stacks."""
+  """Embeddings [-> projection] -> L blocks (scanned or unrolled) -> final LN (pre-LN only).
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  `embeddings`: an existing `Embeddings` module to share (ELECTRA ties the generator's
+  embeddings to the discriminator's; NNX keeps one parameter for both references). Its width
+  must equal `cfg.embed_size`.
+  """
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, embeddings: Embeddings | None = None):
     self.cfg = cfg
+    if embeddings is not None and embeddings.token.features != cfg.embed_size:
+      raise ValueError(f"Shared embeddings have width {embeddings.token.features} but this "
+                       f"encoder's embed_size is {cfg.embed_size}; set embedding_size to match.")
     with nnx.use_eager_sharding(False):  # logical axis names are metadata; the trainer shards.
-      self.embeddings = Embeddings(cfg, rngs=rngs)
+      self.embeddings = embeddings if embeddings is not None else Embeddings(cfg, rngs=rngs)
+      self.embed_proj = (dense(cfg, cfg.embed_size, cfg.hidden_size, ("embed", "embed_out"),
+                               rngs=rngs) if cfg.embed_size != cfg.hidden_size else None)
       if cfg.scan_layers:
         @nnx.split_rngs(splits=cfg.num_layers)
         @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
@@ -172,6 +180,8 @@ class Encoder(nnx.Module):
                        "dropout_rng=jax.random.fold_in(key, step) or call model.eval().")
     x_BxTxD = self.embeddings(input_ids_BxT, token_types_BxT, positions_BxT,
                               dropout_rng=_fold(dropout_rng, 0))
+    if self.embed_proj is not None:
+      x_BxTxD = self.embed_proj(x_BxTxD)
     mask_Bx1xTxT = make_attention_mask(mask_BxT, segment_ids_BxT)
     layer_rng = _fold(dropout_rng, 1)
     if cfg.scan_layers:
