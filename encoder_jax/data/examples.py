@@ -303,7 +303,7 @@ def _pack(len_E: np.ndarray, max_length: int) -> list[list[int]]:
   """Best-fit decreasing: each example (longest first) goes into the open row whose free space
   fits it most tightly. `rows_by_free[f]` holds rows with f tokens free, so a fit is found with
   one vectorized scan instead of a pass over all rows."""
-  rows, free_of_row = [], []
+  rows = []
   rows_by_free = [[] for _ in range(max_length + 1)]
   n_by_free = np.zeros(max_length + 1, np.int64)
   for e in np.argsort(-len_E, kind="stable"):

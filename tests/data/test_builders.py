@@ -2,7 +2,6 @@
 import collections
 
 import numpy as np
-import pytest
 
 from encoder_jax.data import brown, builders, sources
 
