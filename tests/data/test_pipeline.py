@@ -106,3 +106,22 @@ def test_iterator_restore_is_exact(nsp_rows, worker_count):
 def test_empty_dataset_is_an_error():
   with pytest.raises(ValueError, match="no rows"):
     pipeline.host_stream(_IndexRows(0), seed=0)
+
+
+def test_finite_epochs_stop():
+  rows = _IndexRows(100)
+  for h in range(2):
+    it = iter(pipeline.Loader(rows, pipeline.LoaderConfig(16, num_epochs=1, process_index=h,
+                                                          process_count=2)))
+    batches = list(it)
+    assert len(batches) == 6 and it.get_state()["step"] == 6  # 50 rows per host: 6 x 8, 2 left
+
+
+def test_pretrain_loader_end_to_end():
+  ex = examples.ExampleConfig(format="segment_pair", nsp=True, dupe_factor=2, seed=1)
+  loader = pipeline.pretrain_loader("demo", "minilm", example=ex, global_batch_size=8, seed=0,
+                                    process_index=0, process_count=1)
+  assert len(loader.rows) > 60_000  # two duplicated passes, each with its own draws
+  b = next(iter(loader))
+  assert b["input_ids"].shape == (8, 128) and b["nsp_label"].shape == (8,)
+  assert (b["input_ids"][:, 0] == 101).all()
