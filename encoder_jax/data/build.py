@@ -2,8 +2,8 @@ r"""Build (once) and inspect the tokenized pre-training corpus and the demo task
 
   python -m encoder_jax.data.build                              # demo corpus + both tasks
   python -m encoder_jax.data.build --datasets=corpus --format=segment_pair --nsp --show=2
-  python -m encoder_jax.data.build --datasets=corpus --source='files:/data/books/*.txt' \
-      --vocab=/tmp/vocab.txt
+  python -m encoder_jax.data.build --datasets=corpus --source='files:books/*.txt' \
+      --vocab=my_vocab.txt
   python -m encoder_jax.data.build --datasets=corpus --source=tfds:wikipedia/20230601.en:text
 
 Prints counts (documents, sentences, WordPiece tokens per split), task split sizes, the rows a

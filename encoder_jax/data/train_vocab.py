@@ -1,6 +1,6 @@
 r"""Train a corpus-specific WordPiece vocab.txt (BERT specials first: [PAD] [UNK] [CLS] [SEP] [MASK]).
 
-  python -m encoder_jax.data.train_vocab --corpus=demo --vocab_size=16000 --out=/tmp/demo_vocab.txt
+  python -m encoder_jax.data.train_vocab --corpus=demo --vocab_size=16000 --out=demo_vocab.txt
   python -m encoder_jax.data.train_vocab --input='texts/*.txt' --vocab_size=30522 --out=vocab.txt
 
 A smaller vocab makes small models cheaper: at d=128 the 30,522-wide MLM head is ~25% of a step.
