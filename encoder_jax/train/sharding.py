@@ -1,0 +1,120 @@
+"""One device mesh ('data', 'fsdp', 'tensor') and one logical-axis rules table.
+
+Parameters carry logical axis names as metadata (encoder_jax.model: 'vocab', 'embed',
+'embed_out', 'heads', 'kv', 'mlp', 'layers'). `RULES` maps each to a mesh axis (or None =
+replicated); the optimizer state inherits its parameter's sharding because optax keeps the
+Variable metadata on mu/nu. The batch is split over data x fsdp.
+
+  mesh = make_mesh((1, -1, 1))                          # FSDP over every device
+  shardings = state_shardings(jax.eval_shape(init), mesh)
+  state = jax.jit(init, out_shardings=shardings)()      # born sharded: no full copy anywhere
+
+A dimension that the mesh axis does not divide is replicated instead (logged once): e.g. a
+2-way-head model on a 4-way tensor axis. Each mesh axis is used at most once per array.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+from absl import logging
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+# logical name -> mesh axis. FSDP shards the model dimension of every matrix; tensor
+# parallelism shards heads, FFN width and the vocabulary (Megatron-style column/row splits).
+RULES: tuple[tuple[str, str | None], ...] = (
+    ("layers", None),
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("embed_out", "tensor"),
+    ("heads", "tensor"),
+    ("kv", None),
+    ("mlp", "tensor"),
+)
+
+
+def mesh_shape(shape: Sequence[int], n_devices: int) -> tuple[int, int, int]:
+  """(data, fsdp, tensor) with at most one -1, which takes the remaining devices."""
+  shape = tuple(int(s) for s in shape)
+  if len(shape) != 3:
+    raise ValueError(f"mesh shape {shape} must have 3 entries (data, fsdp, tensor).")
+  if shape.count(-1) > 1:
+    raise ValueError(f"mesh shape {shape}: at most one entry may be -1.")
+  known = math.prod(s for s in shape if s != -1)
+  if -1 in shape:
+    if n_devices % known:
+      raise ValueError(f"mesh shape {shape} cannot fill {n_devices} devices.")
+    shape = tuple(n_devices // known if s == -1 else s for s in shape)
+  if math.prod(shape) != n_devices:
+    raise ValueError(f"mesh shape {shape} uses {math.prod(shape)} devices but there are "
+                     f"{n_devices}; make the product equal or use -1 for one axis.")
+  return shape  # type: ignore[return-value]
+
+
+def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices=None) -> Mesh:
+  devices = jax.devices() if devices is None else devices
+  dims = mesh_shape(shape, len(devices))
+  return Mesh(np.asarray(devices).reshape(dims), MESH_AXES)
+
+
+def logical_to_mesh(logical: P, shape: Sequence[int], mesh: Mesh,
+                    rules: Sequence[tuple[str, str | None]] = RULES) -> P:
+  """Mesh PartitionSpec for one array from its logical spec and shape."""
+  table: Mapping[str, str | None] = dict(rules)
+  used: set[str] = set()
+  out = []
+  for dim, name in zip(shape, tuple(logical) + (None,) * (len(shape) - len(logical))):
+    axis = table.get(name) if name is not None else None
+    if name is not None and name not in table:
+      raise ValueError(f"Logical axis {name!r} has no rule; add it to the sharding rules "
+                       f"({[r[0] for r in rules]}).")
+    size = mesh.shape[axis] if axis else 1
+    if axis is None or size == 1 or axis in used:
+      out.append(None)
+    elif dim % size:
+      logging.log_first_n(logging.INFO, "replicating logical axis %s (size %d) not divisible "
+                          "by mesh axis %s (%d)", 20, name, dim, axis, size)
+      out.append(None)
+    else:
+      out.append(axis)
+      used.add(axis)
+  return P(*out)
+
+
+def state_shardings(abstract_state: Any, mesh: Mesh,
+                    rules: Sequence[tuple[str, str | None]] = RULES) -> Any:
+  """NamedSharding for every leaf of an (abstract) train state / params tree."""
+  specs = nnx.get_partition_spec(abstract_state)
+  is_spec = lambda x: isinstance(x, P)
+  return jax.tree.map(
+      lambda spec, leaf: NamedSharding(mesh, logical_to_mesh(spec, leaf.shape, mesh, rules)),
+      specs, abstract_state, is_leaf=is_spec)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Leading (batch) axis over data x fsdp; everything else replicated."""
+  return NamedSharding(mesh, P(BATCH_AXES))
+
+
+def shard_batch(local_batch: Mapping[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+  """This host's rows -> global arrays (the global batch is every host's rows in order)."""
+  sharding = batch_sharding(mesh)
+  return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+          for k, v in local_batch.items()}
+
+
+def describe(shardings: Any, abstract_state: Any) -> list[tuple[str, tuple[int, ...], str]]:
+  """(path, shape, mesh spec) rows, for the README's sharding table and for logs."""
+  rows = []
+  flat_s = jax.tree_util.tree_leaves_with_path(shardings,
+                                               is_leaf=lambda x: isinstance(x, NamedSharding))
+  flat_a = jax.tree.leaves(abstract_state)
+  for (path, s), a in zip(flat_s, flat_a):
+    name = jax.tree_util.keystr(path).replace(".value", "").replace("']['", "/")
+    rows.append((name.strip("[]'."), tuple(a.shape), str(s.spec)))
+  return rows
