@@ -10,9 +10,12 @@
 
 Order. The rows of a plan are shuffled by `seed` with a different permutation each epoch
 (grain's index shuffle: random access, no buffer), epochs follow each other, and the stream is
-dealt to hosts round-robin: host h of n takes stream positions h, h+n, h+2n, ... So within
-every epoch the hosts' rows are disjoint and together are all rows, and global batch s is
-stream positions [s*B, (s+1)*B) whatever the number of hosts. The state is just the step, so
+dealt to hosts in blocks of the per-host batch b: host h of n takes stream positions
+[k*n*b + h*b, k*n*b + (h+1)*b) for k = 0, 1, ... So within every epoch the hosts' rows are
+disjoint and together are all rows, and global batch s is stream positions [s*B, (s+1)*B)
+*in order* whatever the number of hosts: host h's rows are rows [h*b, (h+1)*b) of the global
+batch, exactly where `jax.make_array_from_process_local_data` places them. Row-keyed
+randomness on device (one masking key per batch row) is therefore identical on 1 or n hosts. The state is just the step, so
 a run saved on 4 hosts resumes on 2 (same global batch) with the same global batches.
 With `num_epochs` set, the last incomplete batch is dropped (fewer than B rows).
 
@@ -55,13 +58,23 @@ class LoaderConfig:
 
 
 def host_stream(rows, seed: int, process_index: int = 0, process_count: int = 1,
-                num_epochs: int | None = None) -> grain.MapDataset:
-  """This host's rows in stream order (before batching): shuffle per epoch, repeat, deal."""
+                num_epochs: int | None = None, block: int = 1) -> grain.MapDataset:
+  """This host's rows in stream order (before batching): shuffle per epoch, repeat, deal
+  blocks of `block` rows (the per-host batch) round-robin to hosts."""
   if len(rows) == 0:
     raise ValueError("the dataset has no rows; refusing to iterate an empty stream")
   ds = grain.MapDataset.source(rows).shuffle(seed=seed)
   ds = ds.repeat(num_epochs)  # shuffle sees epoch = index // len: a new permutation each epoch
-  return ds[process_index::process_count]
+  if process_count == 1:
+    return ds
+  b, n, h = block, process_count, process_index
+  rounds, rest = divmod(len(ds), n * b)
+  local_len = rounds * b + min(max(rest - h * b, 0), b)
+
+  def position(j: int) -> int:  # j-th local row -> stream position (random access, no copy)
+    k, r = divmod(j, b)
+    return (k * n + h) * b + r
+  return grain.MapDataset.range(local_len).map(lambda j: ds[position(j)])
 
 
 class BatchIterator:
@@ -107,7 +120,8 @@ class Loader:
 
   def dataset(self, start_step: int = 0) -> grain.IterDataset:
     cfg = self.cfg
-    ds = host_stream(self.rows, cfg.seed, cfg.process_index, cfg.process_count, cfg.num_epochs)
+    ds = host_stream(self.rows, cfg.seed, cfg.process_index, cfg.process_count, cfg.num_epochs,
+                     block=self.batch_size)
     ds = ds.batch(self.batch_size, drop_remainder=True)[start_step:]
     it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=cfg.read_threads,
                                                  prefetch_buffer_size=cfg.prefetch))
