@@ -1,0 +1,104 @@
+"""Fine-tuning config: a task, a backbone, and BERT/ELECTRA fine-tuning hyper-parameters.
+
+Run (from the repo root):
+  bash run.sh python -m encoder_jax.finetune.main \
+      --config=configs/finetune.py:task=rotten_tomatoes,init=minilm --workdir=/tmp/ft_rt
+  # the same shape, random init (the baseline):
+  bash run.sh python -m encoder_jax.finetune.main \
+      --config=configs/finetune.py:task=rotten_tomatoes,init=random --workdir=/tmp/ft_rt_rand
+  # the affordable CPU versions of both (the figures in the fine-tuning issue):
+  bash run.sh python -m encoder_jax.finetune.main \
+      --config=configs/finetune.py:task=rotten_tomatoes,init=minilm,run=cpu --workdir=/tmp/m
+  bash run.sh python -m encoder_jax.finetune.main \
+      --config=configs/finetune.py:task=rotten_tomatoes,init=random,run=cpu --workdir=/tmp/r
+  bash run.sh python -m encoder_jax.finetune.main --report=/tmp/m,/tmp/r
+  # a pre-training checkpoint, 5 seeds, ELECTRA-style layer-wise LR decay:
+  bash run.sh python -m encoder_jax.finetune.main --config=configs/finetune.py:task=brown_pos,\
+init=ckpt:/tmp/pretrain/checkpoints --seeds=5 --config.layer_decay=0.8 --workdir=/tmp/ft_pos
+Arguments after ':' (comma-separated key=value):
+  task   rotten_tomatoes | brown_pos | glue/<cola|sst2|mrpc|qqp|stsb|mnli|qnli|rte|wnli> |
+         squad/v1.1 | squad/v2.0                                   (default rotten_tomatoes)
+  init   minilm | hf:<dir> | ckpt:<dir> | random                   (default minilm)
+  run    full | cpu | runlocal  (cpu: ~10 min on 2 CPU cores at MiniLM size, see below;
+         runlocal: a few hundred examples, 1 epoch: a smoke test)
+Any leaf can be overridden: --config.epochs=2 --config.max_length=64.
+"""
+import ml_collections
+
+# Per-task defaults that differ from the shared ones below (BERT paper, appendix A.3: batch
+# 32, lr in {5e-5, 3e-5, 2e-5}, 2-4 epochs; SQuAD: 384 tokens, doc stride 128, 2 epochs).
+_TASK_DEFAULTS = {
+    "rotten_tomatoes": dict(max_length=64, epochs=2),
+    "brown_pos": dict(max_length=96, epochs=2),
+    "squad/v1.1": dict(max_length=384, epochs=2, learning_rate=3e-5, batch_size=16),
+    "squad/v2.0": dict(max_length=384, epochs=2, learning_rate=3e-5, batch_size=16),
+}
+
+
+def parse_arg(arg, **defaults):
+  out = dict(defaults)
+  for part in filter(None, (arg or "").split(",")):
+    key, sep, value = part.partition("=")
+    if not sep or key not in defaults:
+      raise ValueError(f"Bad config argument {part!r}: use key=value with key in "
+                       f"{sorted(defaults)}.")
+    out[key] = value
+  return out
+
+
+def get_config(arg=None):
+  args = parse_arg(arg, task="rotten_tomatoes", init="minilm", run="full")
+  c = ml_collections.ConfigDict()
+  c.task = args["task"]
+  c.init = args["init"]  # minilm | hf:<dir> | ckpt:<dir> | random
+  c.random_like = "minilm"  # init=random: this shape (minilm | hf:<dir> | a size name)
+  c.vocab = ""  # "": the HF folder's vocab.txt / the pre-training run's vocab / BERT uncased
+  c.lowercase = True
+  # ModelConfig overrides: numerics for loaded encoders, also shapes for random ones.
+  c.model = ml_collections.ConfigDict(dict(hidden_dropout=0.1, attention_dropout=0.1))
+  c.pooling = "cls"  # classifier input: cls (BERT pooler) | mean (masked mean)
+  c.dropout = True  # train mode (dropout on) while fine-tuning; independent of freezing
+  c.freeze_encoder = False  # train the head only; encoder parameters stay bit-identical
+
+  c.max_length = 128
+  c.length_bucket = 16  # pad each batch to a multiple of this (0: always max_length)
+  c.group_by_length = True  # batch rows of similar length together (less padding)
+  c.doc_stride = 128  # SQuAD: tokens between window starts (BERT's meaning)
+  c.max_query_length = 64
+  c.max_answer_length = 30
+  c.null_threshold = 0.0  # SQuAD v2.0: predict "" when null - best span score > this
+
+  c.epochs = 3
+  c.batch_size = 32
+  c.eval_batch_size = 64
+  c.learning_rate = 5e-5
+  c.layer_decay = 1.0  # layer-wise LR decay; ELECTRA fine-tunes with 0.8 (base)
+  c.weight_decay = 0.01
+  c.warmup_frac = 0.1
+  c.clip_grad_norm = 1.0
+
+  c.seeds = 1
+  c.seed = 0
+  c.max_train_examples = 0  # 0 = all; else a fixed random subset (the same for every seed)
+  c.max_eval_examples = 0
+  c.log_every = 50
+  c.data_dir = ""  # TFDS data_dir ("" = TFDS default; demo tasks: the encoder_jax cache)
+  c.cache_dir = ""  # encoder_jax artifact cache ("" = $ENCODER_JAX_CACHE or ~/.cache)
+  c.download = False  # let TFDS download and prepare GLUE / SQuAD (needs their hosts)
+  c.save_best = False  # write each seed's best parameters (Orbax) to workdir/seed_<s>/best
+  c.export_embeddings = ""  # comma-separated splits to export pooled embeddings of
+  c.export_pooling = "mean"  # cls | mean
+
+  for k, v in _TASK_DEFAULTS.get(c.task, {}).items():
+    c[k] = v
+  if args["run"] == "runlocal":
+    c.max_train_examples, c.max_eval_examples, c.epochs, c.log_every = 256, 128, 1, 2
+  elif args["run"] == "cpu":
+    # ~10 minutes per run on 2 shared CPU cores at MiniLM size (6 x 384): 100 steps of 32
+    # rows of <= 64 tokens, full dev and test splits. Masked-mean pooling: all-MiniLM-L6-v2 was
+    # trained as a mean-pooled sentence encoder; the random baseline gets the same head.
+    c.max_length, c.epochs, c.max_train_examples, c.log_every = 64, 1, 3200, 10
+    c.pooling, c.learning_rate = "mean", 1e-4
+  elif args["run"] != "full":
+    raise ValueError(f"run={args['run']!r}; use full, cpu or runlocal.")
+  return c

@@ -1,0 +1,199 @@
+"""`finetune_and_evaluate(config, workdir)`: N seeds from one backbone, results to JSON + a
+markdown table, optional pooled-embedding export. `config` is configs/finetune.py's ConfigDict.
+
+Outputs in workdir:
+  results.json   config, backbone, data sizes, one record per seed (best epoch, dev and test
+                 metrics, per-epoch history, rates) and the median / mean / std over seeds
+  results.md     the same summary as a markdown table (`markdown_table` joins several runs)
+  embeddings/<task>_<split>_<pooling>.npy (+ _labels.npy)   with export_embeddings set
+  seed_<s>/best  the best parameters of each seed (Orbax), with save_best
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+
+from encoder_jax.finetune import backbone as backbone_lib
+from encoder_jax.finetune import metrics as metrics_lib
+from encoder_jax.finetune import tasks as tasks_lib
+from encoder_jax.finetune import trainer
+from encoder_jax.model.config import SIZES, ModelConfig
+from encoder_jax.model.heads import pool
+
+
+def _random_config(config) -> ModelConfig | None:
+  like = config.random_like
+  overrides = dict(config.model.to_dict())
+  if like == "minilm" or like.startswith("hf:"):
+    from encoder_jax.data.fetch import minilm_dir
+    path = minilm_dir(config.cache_dir or None) if like == "minilm" else like[3:]
+    return backbone_lib.hf_model_config(path, **overrides)
+  if like in SIZES:
+    return ModelConfig(**{**SIZES[like], **overrides})
+  raise ValueError(f"random_like={like!r}; use 'minilm', 'hf:<dir>' or a size {sorted(SIZES)}.")
+
+
+def _tokenizer(config, bb: backbone_lib.Backbone):
+  from encoder_jax.data.fetch import minilm_vocab
+  from encoder_jax.data.tokenizer import WordPieceTokenizer
+  vocab = config.vocab or bb.vocab  # the flag, else what the pre-training run used
+  if vocab:
+    path = minilm_vocab(config.cache_dir or None) if vocab == "minilm" else vocab
+  elif bb.source.startswith("hf:"):
+    path = pathlib.Path(bb.source[3:]) / "vocab.txt"
+  else:
+    path = minilm_vocab(config.cache_dir or None)
+  tok = WordPieceTokenizer.from_vocab(path, lowercase=config.lowercase)
+  if tok.vocab_size > bb.cfg.vocab_size:
+    raise ValueError(f"vocab {path} has {tok.vocab_size} tokens but the encoder's vocab_size is "
+                     f"{bb.cfg.vocab_size}; pass the vocab it was trained with (--config.vocab).")
+  return tok
+
+
+def load_data(spec: tasks_lib.TaskSpec, tok, config) -> dict[str, tasks_lib.Encoded]:
+  splits = [spec.train_split, *spec.dev_splits] + ([spec.test_split] if spec.test_split else [])
+  data = {}
+  for split in splits:
+    t0 = time.time()
+    limit = config.max_train_examples if split == spec.train_split else config.max_eval_examples
+    records = tasks_lib.read_split(spec, split, data_dir=config.data_dir or None,
+                                   cache_dir=config.cache_dir or None, max_examples=limit,
+                                   download=config.download)
+    data[split] = tasks_lib.encode(spec, records, tok, max_length=config.max_length,
+                                   doc_stride=config.doc_stride,
+                                   max_query_length=config.max_query_length)
+    logging.info("%s/%s: %d records -> %d rows of %d tokens (%.1f s)", spec.name, split,
+                 len(records), len(data[split]), config.max_length, time.time() - t0)
+  return data
+
+
+def finetune_and_evaluate(config, workdir: str) -> dict[str, Any]:
+  """Runs config.seeds fine-tuning seeds (config.seed, config.seed + 1, ...) from one
+  backbone; writes results.json and results.md to workdir and returns the results dict."""
+  t_start = time.time()
+  workdir = pathlib.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  spec = tasks_lib.get_task(config.task)
+  if config.seeds < 1:
+    raise ValueError(f"seeds={config.seeds}; run at least one seed.")
+  if config.freeze_encoder and config.layer_decay < 1:
+    logging.warning("freeze_encoder makes layer_decay=%s moot (the encoder gets no update)",
+                    config.layer_decay)
+  bb = backbone_lib.load_backbone(
+      config.init, model_overrides=config.model.to_dict(),
+      random_config=_random_config(config) if config.init == "random" else None,
+      cache_dir=config.cache_dir or None)
+  logging.info("backbone %s: %d layers, d=%d, vocab %d", bb.source, bb.cfg.num_layers,
+               bb.cfg.hidden_size, bb.cfg.vocab_size)
+  if config.max_length > bb.cfg.max_positions:
+    raise ValueError(f"max_length={config.max_length} > the encoder's max_positions="
+                     f"{bb.cfg.max_positions}; lower --config.max_length.")
+  tok = _tokenizer(config, bb)
+  data = load_data(spec, tok, config)
+  runs, steps_and_tx = [], None
+  for i in range(config.seeds):
+    seed = config.seed + i
+    model = backbone_lib.build_model(bb, spec.kind, spec.num_labels, pooling=config.pooling,
+                                     seed=seed)
+    # Every seed has the same module structure and optimizer: compile the steps once.
+    steps_and_tx = steps_and_tx or trainer.build_steps(spec, model, data, config)
+    runs.append(trainer.finetune_one_seed(spec, model, data, config, seed, steps_and_tx))
+    logging.info("seed %d done: %s", seed, _one_line(runs[-1]))
+    if config.save_best:
+      _save_params(workdir / f"seed_{seed}" / "best", model)
+    if i == 0 and config.export_embeddings:
+      export_embeddings(model, spec, data, config, workdir / "embeddings")
+  results = {
+      "task": spec.name, "init": config.init, "backbone": bb.source,
+      "model": {k: v for k, v in bb.cfg.to_dict().items()},
+      "config": config.to_dict(), "data_rows": {s: len(e) for s, e in data.items()},
+      "runs": runs, "summary": summarize_runs(runs), "seconds": round(time.time() - t_start, 1),
+  }
+  (workdir / "results.json").write_text(json.dumps(results, indent=1, default=float) + "\n")
+  (workdir / "results.md").write_text(markdown_table([results]) + "\n")
+  logging.info("wrote %s and results.md (%.0f s)", workdir / "results.json",
+               time.time() - t_start)
+  return results
+
+
+def _one_line(run: dict[str, Any]) -> str:
+  parts = [f"best epoch {run['best_epoch']}"]
+  for where in ("dev", "test"):
+    for split, m in (run[where].items() if where == "dev" else [("test", run["test"])]):
+      if m:
+        parts.append(f"{split} " + " ".join(f"{k}={v:.4f}" for k, v in m.items()
+                                             if not k.endswith("total")))
+  return "; ".join(parts)
+
+
+def summarize_runs(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+  """'<split>/<metric>' -> median / mean / std / n over seeds (dev at each seed's best epoch)."""
+  values: dict[str, list[float]] = {}
+  for r in runs:
+    for split, m in list(r["dev"].items()) + ([("test", r["test"])] if r["test"] else []):
+      for k, v in m.items():
+        if not k.endswith("total"):
+          values.setdefault(f"{split}/{k}", []).append(float(v))
+  return {k: metrics_lib.summarize(v) for k, v in values.items()}
+
+
+def markdown_table(results: list[dict[str, Any]]) -> str:
+  """One row per run: task, backbone, seeds, then median (mean ± std) of each metric."""
+  keys = []
+  for res in results:
+    keys += [k for k in res["summary"] if k not in keys and not k.endswith("/score")]
+  lines = ["| task | init | seeds | " + " | ".join(keys) + " |",
+           "|---|---|---|" + "---|" * len(keys)]
+  for res in results:
+    cells = []
+    for k in keys:
+      s = res["summary"].get(k)
+      cells.append("" if s is None else f"{s['median']:.4f} ({s['mean']:.4f} ± {s['std']:.4f})")
+    lines.append(f"| {res['task']} | {res['init']} | {len(res['runs'])} | "
+                 + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def export_embeddings(model, spec, data, config, out_dir: pathlib.Path) -> list[pathlib.Path]:
+  """Pooled sentence embeddings ([CLS] or masked mean of the last layer) of the configured
+  splits to .npy (float32 [N, D]), with the split's labels beside them."""
+  from flax import nnx
+  out_dir.mkdir(parents=True, exist_ok=True)
+  kind = config.export_pooling
+  embed = nnx.jit(lambda m, ids, mask, types: pool(
+      m.encoder(ids, mask, types).hidden_BxTxD, mask, kind))
+  written = []
+  for split in [s for s in config.export_embeddings.split(",") if s]:
+    if split not in data:
+      raise ValueError(f"export_embeddings: split {split!r} not loaded; choose from "
+                       f"{sorted(data)}.")
+    enc = data[split]
+    chunks = []
+    for idx, batch in trainer.batches(enc, np.arange(len(enc)), config.eval_batch_size,
+                                      config.length_bucket):
+      e = embed(model, jnp.asarray(batch["input_ids"]), jnp.asarray(batch["mask"]),
+                jnp.asarray(batch["token_types"]))
+      chunks.append(np.asarray(jax.device_get(e))[:len(idx)])
+    stem = f"{spec.name.replace('/', '_')}_{split}_{kind}"
+    path = out_dir / f"{stem}.npy"
+    np.save(path, np.concatenate(chunks).astype(np.float32))
+    written.append(path)
+    if "labels" in enc.arrays:
+      np.save(out_dir / f"{stem}_labels.npy", enc.arrays["labels"])
+    logging.info("exported %s embeddings of %s/%s to %s", kind, spec.name, split, path)
+  return written
+
+
+def _save_params(path: pathlib.Path, model) -> None:
+  import orbax.checkpoint as ocp
+  from flax import nnx
+  ckptr = ocp.StandardCheckpointer()
+  ckptr.save(path.resolve(), nnx.to_pure_dict(nnx.state(model, nnx.Param)), force=True)
+  ckptr.wait_until_finished()

@@ -1,0 +1,274 @@
+"""One fine-tuning run (one seed): AdamW with layer-wise LR decay and warm-up, epochs, dev
+evaluation after each epoch, best-epoch selection, test evaluation with the best parameters.
+
+Freezing vs eval mode. They are independent switches:
+  * `freeze_encoder` keeps every encoder parameter bit-identical: the optimizer is an
+    optax.multi_transform that sends encoder leaves to optax.set_to_zero(), the loss sees them
+    through stop_gradient (so XLA prunes the encoder's backward pass), and the step writes the
+    old encoder leaves back unchanged (a zero update could still turn -0.0 into +0.0).
+  * train/eval mode only switches dropout (graphdef_train vs graphdef_eval); training in eval
+    mode (`dropout=False`) still updates every parameter.
+
+Batches keep one shape per length bucket: rows are cut to the batch's longest row rounded up
+to `length_bucket` tokens (0: always max_length), and the last partial batch is filled with
+weight-0 rows, so a run compiles at most max_length / length_bucket train steps.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Callable, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import logging
+from flax import nnx
+
+from encoder_jax.finetune import tasks as tasks_lib
+from encoder_jax.finetune.backbone import FinetuneModel
+from encoder_jax.model.heads import NEG_INF
+from encoder_jax.objectives.mlm import safe_mean, softmax_cross_entropy
+from encoder_jax.train.optim import OptimConfig, build_optimizer, path_names
+from encoder_jax.train.step import TrainState
+
+_MODEL_KEYS = ("input_ids", "mask", "token_types")
+
+
+def is_encoder_param(path) -> bool:
+  return path_names(path)[:1] == ("encoder",)
+
+
+def make_optimizer(config, *, num_layers: int, total_steps: int):
+  """AdamW (weight decay off LayerNorm/bias), linear warm-up + decay, clipping, LLRD, freeze."""
+  warmup = int(round(config.warmup_frac * total_steps))
+  ocfg = OptimConfig(optimizer="adamw", learning_rate=config.learning_rate, b1=0.9, b2=0.999,
+                     eps=1e-6, weight_decay=config.weight_decay, schedule="linear",
+                     warmup_steps=warmup, total_steps=max(total_steps, 1),
+                     clip_grad_norm=config.clip_grad_norm, layer_decay=config.layer_decay)
+  parts = build_optimizer(ocfg, num_layers=num_layers)
+  tx = parts.tx
+  if config.freeze_encoder:
+    labels = lambda params: jax.tree_util.tree_map_with_path(
+        lambda p, _: "frozen" if is_encoder_param(p) else "trained", params)
+    tx = optax.multi_transform({"trained": tx, "frozen": optax.set_to_zero()}, labels)
+  return tx, parts.schedule
+
+
+def task_loss(kind: str, out: dict[str, jax.Array], batch: dict[str, jax.Array]):
+  """Mean loss over real examples (weight 1); tagging ignores labels of -100 (non-first
+  subtokens, specials, pads), whose logits therefore get no gradient."""
+  w_B = batch["weights"]
+  if kind == "classify":
+    loss, acc, _ = softmax_cross_entropy(out["logits"], batch["labels"], w_B)
+    return loss, {"accuracy": acc}
+  if kind == "regress":
+    err_B = out["logits"][:, 0] - batch["labels"].astype(jnp.float32)
+    return safe_mean(jnp.sum(w_B * err_B * err_B), jnp.sum(w_B)), {}
+  if kind == "tag":
+    w_BxT = jnp.broadcast_to(w_B[:, None], batch["labels"].shape)
+    loss, acc, _ = softmax_cross_entropy(out["logits"], batch["labels"], w_BxT)
+    return loss, {"accuracy": acc}
+  ls, _, _ = softmax_cross_entropy(out["start_logits"], batch["start_positions"], w_B)
+  le, _, _ = softmax_cross_entropy(out["end_logits"], batch["end_positions"], w_B)
+  return (ls + le) / 2, {}
+
+
+@dataclasses.dataclass
+class Steps:
+  train: Callable  # (state, batch, key) -> (state, metrics), donates state
+  predict: Callable  # (params, batch) -> outputs, eval mode
+  graphdef_eval: Any
+
+
+def make_steps(model: FinetuneModel, tx, schedule, *, freeze: bool, dropout: bool) -> Steps:
+  kind = model.kind
+  graphdef_eval, _ = nnx.split(model, nnx.Param)
+  if dropout:
+    model.train()
+  graphdef_train, _ = nnx.split(model, nnx.Param)
+  model.eval()
+
+  def loss_fn(params, batch, key):
+    if freeze:  # no gradient through the encoder: XLA drops its backward pass
+      params = jax.tree_util.tree_map_with_path(
+          lambda p, x: jax.lax.stop_gradient(x) if is_encoder_param(p) else x, params)
+    out = nnx.merge(graphdef_train, params)(batch, dropout_rng=key if dropout else None)
+    return task_loss(kind, out, batch)
+
+  def train_step(state: TrainState, batch, base_key):
+    key = jax.random.fold_in(base_key, state.step)
+    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        state.params, batch, key)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    if freeze:
+      params = jax.tree_util.tree_map_with_path(
+          lambda p, new, old: old if is_encoder_param(p) else new, params, state.params)
+    metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads),
+                   learning_rate=jnp.asarray(schedule(state.step), jnp.float32))
+    return TrainState(state.step + 1, params, opt_state), metrics
+
+  def predict(params, batch):
+    return nnx.merge(graphdef_eval, params)(batch)
+
+  return Steps(jax.jit(train_step, donate_argnums=(0,)), jax.jit(predict), graphdef_eval)
+
+
+# ----------------------------------------------------------------------------------- batching
+def _bucket(mask_BxT: np.ndarray, multiple: int) -> int:
+  t = mask_BxT.shape[1]
+  if multiple <= 0:
+    return t
+  longest = int(mask_BxT.sum(axis=1).max()) if len(mask_BxT) else 1
+  return min(t, max(multiple, -(-longest // multiple) * multiple))
+
+
+def batches(enc: tasks_lib.Encoded, order: np.ndarray, batch_size: int,
+            length_bucket: int) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
+  """(row indices, batch) in `order`; partial batches padded with weight-0 copies of row 0."""
+  for i in range(0, len(order), batch_size):
+    idx = order[i:i + batch_size]
+    n = len(idx)
+    full = np.concatenate([idx, np.full(batch_size - n, idx[0])]) if n < batch_size else idx
+    t = _bucket(enc.arrays["mask"][idx], length_bucket)
+    batch = {k: (v[full][:, :t] if k in _MODEL_KEYS or (v.ndim == 2 and k == "labels")
+                 else v[full]) for k, v in enc.arrays.items()}
+    batch["weights"] = (np.arange(batch_size) < n).astype(np.float32)
+    yield idx, batch
+
+
+def length_grouped_order(lengths_N: np.ndarray, rng: np.random.Generator, batch_size: int,
+                         pool_batches: int = 50) -> np.ndarray:
+  """A shuffled order whose consecutive batches hold rows of similar length: shuffle, sort
+  inside pools of `pool_batches` batches, then shuffle the batches. With length buckets this
+  cuts padding (short snippets no longer wait for the longest row of a random batch) while
+  every row is still seen once per epoch in a seed-dependent order."""
+  order = rng.permutation(len(lengths_N))
+  pool = batch_size * pool_batches
+  pooled = [p[np.argsort(lengths_N[p], kind="stable")]
+            for p in np.split(order, range(pool, len(order), pool))]
+  order = np.concatenate(pooled) if pooled else order
+  groups = np.split(order, range(batch_size, len(order), batch_size))
+  # Only the last group may be partial; it stays last so that batch boundaries stay aligned.
+  full, rest = (groups, []) if len(groups[-1]) == batch_size else (groups[:-1], groups[-1:])
+  return np.concatenate([full[i] for i in rng.permutation(len(full))] + rest)
+
+
+def predict_split(steps: Steps, params, enc: tasks_lib.Encoded, batch_size: int,
+                  length_bucket: int) -> dict[str, np.ndarray]:
+  """Model outputs for every row, in row order. Rows are batched by length (less padding)."""
+  t_full = enc.arrays["input_ids"].shape[1]
+  order = np.argsort(enc.arrays["mask"].sum(axis=1), kind="stable")
+  parts: dict[str, list] = {}
+  for idx, batch in batches(enc, order, batch_size, length_bucket):
+    out = jax.device_get(steps.predict(params, {k: batch[k] for k in _MODEL_KEYS}))
+    for k, v in out.items():
+      v = np.asarray(v)[:len(idx)]
+      per_token = k in ("start_logits", "end_logits") or v.ndim == 3  # [B, t(, C)]
+      if per_token and v.shape[1] < t_full:  # back to [B, T(, C)]; pads are never answers
+        pad = [(0, 0), (0, t_full - v.shape[1])] + [(0, 0)] * (v.ndim - 2)
+        v = np.pad(v, pad, constant_values=0.0 if v.ndim == 3 else NEG_INF)
+      parts.setdefault(k, []).append(v)
+  out = {k: np.concatenate(v) for k, v in parts.items()}
+  inverse = np.empty_like(order)
+  inverse[order] = np.arange(len(order))
+  return {k: v[inverse] for k, v in out.items()}
+
+
+def evaluate(spec, steps: Steps, params, enc: tasks_lib.Encoded, config) -> dict[str, float]:
+  outputs = predict_split(steps, params, enc, config.eval_batch_size, config.length_bucket)
+  return tasks_lib.score(spec, enc, outputs, max_answer_length=config.max_answer_length,
+                         null_threshold=config.null_threshold)
+
+
+# ----------------------------------------------------------------------------------- one run
+def host_copy(tree):
+  """numpy copies that own their memory. On CPU, device_get / np.asarray can return views of
+  device buffers, which the next donated step overwrites in place."""
+  return jax.tree.map(lambda x: np.array(x, copy=True), tree)
+
+
+def total_steps(spec: tasks_lib.TaskSpec, data, config) -> int:
+  return math.ceil(len(data[spec.train_split]) / config.batch_size) * config.epochs
+
+
+def build_steps(spec: tasks_lib.TaskSpec, model: FinetuneModel, data, config):
+  """The jitted steps and the optimizer, shared by every seed of a run (one compilation)."""
+  tx, schedule = make_optimizer(config, num_layers=model.cfg.num_layers,
+                                total_steps=total_steps(spec, data, config))
+  return make_steps(model, tx, schedule, freeze=config.freeze_encoder,
+                    dropout=config.dropout), tx
+
+
+def finetune_one_seed(spec: tasks_lib.TaskSpec, model: FinetuneModel,
+                      data: dict[str, tasks_lib.Encoded], config, seed: int,
+                      steps_and_tx=None) -> dict[str, Any]:
+  """Trains `model` on data['train'], picks the epoch with the best first dev metric, scores
+  dev and test splits with those parameters. Returns the run's record (JSON-ready).
+  `steps_and_tx`: build_steps(...) of an earlier seed, to reuse its compiled steps."""
+  train = data[spec.train_split]
+  total = total_steps(spec, data, config)
+  steps, tx = steps_and_tx or build_steps(spec, model, data, config)
+  params = nnx.state(model, nnx.Param)
+  state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+  base_key = jax.random.key(seed)
+  select_split, metric = spec.dev_splits[0], spec.select_metric
+  history, best, best_params = [], None, host_copy(params)
+  t_run, step = time.time(), 0
+  for epoch in range(1, config.epochs + 1):
+    rng = np.random.default_rng([seed, epoch])
+    order = (length_grouped_order(train.arrays["mask"].sum(axis=1), rng, config.batch_size)
+             if config.group_by_length else rng.permutation(len(train)))
+    t0, loss_sum, loss_n = time.time(), 0.0, 0
+    # Rates leave out each epoch's first step: it may include compilation (one per new
+    # length bucket; later buckets compile inside the timed window and lower the rate).
+    t_rate, seen, tokens = None, 0, 0
+    for idx, batch in batches(train, order, config.batch_size, config.length_bucket):
+      state, m = steps.train(state, batch, base_key)
+      step += 1
+      if t_rate is None:
+        jax.block_until_ready(state.step)
+        t_rate = time.time()
+        if epoch == 1:
+          logging.info("seed %d: first step (with compilation) took %.1f s", seed, t_rate - t0)
+      else:
+        seen += len(idx)
+        tokens += int(batch["mask"][:len(idx)].sum())
+      if step % config.log_every == 0 or step == total:
+        loss = float(m["loss"])  # a device sync, only when logging
+        if not np.isfinite(loss):
+          raise FloatingPointError(f"non-finite training loss {loss} at step {step} (seed "
+                                   f"{seed}); lower learning_rate or check the inputs.")
+        loss_sum, loss_n = loss_sum + loss, loss_n + 1
+        dt = max(time.time() - t_rate, 1e-9)
+        logging.info("seed %d epoch %d step %d/%d loss %.4f lr %.2e | %.1f examples/s, "
+                     "%.0f tokens/s", seed, epoch, step, total, loss, float(m["learning_rate"]),
+                     seen / dt, tokens / dt)
+    jax.block_until_ready(state.params)
+    train_s = time.time() - t0
+    rate = seen / max(time.time() - (t_rate or t0), 1e-9)
+    dev = {s: evaluate(spec, steps, state.params, data[s], config) for s in spec.dev_splits}
+    value = dev[select_split][metric]
+    record = {"epoch": epoch, "step": step, "train_seconds": round(train_s, 2),
+              "train_examples_per_s": round(rate, 2),
+              "train_loss_logged_mean": loss_sum / max(loss_n, 1), "dev": dev}
+    history.append(record)
+    logging.info("seed %d epoch %d: dev %s %s = %.4f (%.0f s train, %.1f examples/s)", seed,
+                 epoch, select_split, metric, value, train_s, rate)
+    if best is None or value > best:
+      best, best_epoch = value, epoch
+      best_params = host_copy(state.params)
+  if history:
+    final_dev = history[best_epoch - 1]["dev"]
+  else:  # epochs=0: the loaded model as it is (e.g. a frozen-feature baseline's head at init)
+    best_epoch = 0
+    final_dev = {s: evaluate(spec, steps, best_params, data[s], config) for s in spec.dev_splits}
+  test = (evaluate(spec, steps, best_params, data[spec.test_split], config)
+          if spec.test_split and spec.test_split in data else None)
+  nnx.update(model, best_params)
+  return {"seed": seed, "best_epoch": best_epoch, "select": f"{select_split}/{metric}",
+          "dev": final_dev, "test": test, "history": history,
+          "seconds": round(time.time() - t_run, 1)}

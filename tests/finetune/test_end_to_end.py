@@ -1,0 +1,82 @@
+"""finetune_and_evaluate end to end on tfds.testing.mock_data with a tiny random encoder.
+
+Mock records are random (text over 'a'-'j', random labels and answer offsets), so these tests
+check plumbing, shapes, files and bookkeeping, not accuracy. Each task kind compiles its own
+train step (~10-30 s on 2 shared cores), so the fast set is one run per kind; every GLUE task
+and SQuAD v1.1 run under @slow.
+"""
+import json
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from encoder_jax.finetune import finetune_and_evaluate, tasks
+
+
+def _run(tiny_config, tiny_vocab, tmp_path, task, num_examples=10, **changes):
+  config = tiny_config(task, tiny_vocab, **changes)
+  with tfds.testing.mock_data(num_examples=num_examples):
+    return finetune_and_evaluate(config, str(tmp_path)), config
+
+
+def _check_files(tmp_path, results):
+  saved = json.loads((tmp_path / "results.json").read_text())
+  assert saved["summary"] == json.loads(json.dumps(results["summary"]))
+  table = (tmp_path / "results.md").read_text()
+  assert table.startswith("| task | init | seeds |") and results["task"] in table
+
+
+def test_glue_pairs_two_dev_splits_and_seeds(tiny_config, tiny_vocab, tmp_path):
+  # MNLI: sentence pairs, 3 classes, matched + mismatched dev; 2 seeds from one backbone.
+  results, _ = _run(tiny_config, tiny_vocab, tmp_path, "glue/mnli", seeds=2, dropout=True,
+                    epochs=2)
+  assert [r["seed"] for r in results["runs"]] == [0, 1]
+  for r in results["runs"]:
+    assert len(r["history"]) == 2 and r["best_epoch"] in (1, 2)
+    assert set(r["dev"]) == {"validation_matched", "validation_mismatched"}
+    # The reported dev metrics are those of the selected epoch, which has the best value.
+    best = max(h["dev"]["validation_matched"]["accuracy"] for h in r["history"])
+    assert r["dev"]["validation_matched"]["accuracy"] == best
+    assert r["test"] is None  # GLUE test labels are hidden
+    assert r["history"][0]["train_examples_per_s"] > 0
+  s = results["summary"]["validation_matched/accuracy"]
+  assert s["n"] == 2 and s["median"] == pytest.approx(np.median(
+      [r["dev"]["validation_matched"]["accuracy"] for r in results["runs"]]))
+  assert results["data_rows"] == {"train": 10, "validation_matched": 10,
+                                  "validation_mismatched": 10}
+  _check_files(tmp_path, results)
+
+
+def test_glue_regression_stsb(tiny_config, tiny_vocab, tmp_path):
+  results, _ = _run(tiny_config, tiny_vocab, tmp_path, "glue/stsb", dropout=False,
+                    export_embeddings="validation", export_pooling="mean")
+  dev = results["runs"][0]["dev"]["validation"]
+  assert set(dev) == {"pearson", "spearman", "score"}
+  assert all(-1 <= dev[k] <= 1 for k in ("pearson", "spearman"))
+  emb = np.load(tmp_path / "embeddings" / "glue_stsb_validation_mean.npy")
+  assert emb.shape == (10, 32) and emb.dtype == np.float32 and np.isfinite(emb).all()
+  assert np.load(tmp_path / "embeddings" / "glue_stsb_validation_mean_labels.npy").shape == (10,)
+
+
+def test_squad_v2_end_to_end(tiny_config, tiny_vocab, tmp_path):
+  # Windows of 48 tokens with a doc stride of 8 over contexts of up to ~20 random words.
+  results, config = _run(tiny_config, tiny_vocab, tmp_path, "squad/v2.0", dropout=False,
+                         max_length=48, doc_stride=8, max_query_length=16)
+  dev = results["runs"][0]["dev"]["validation"]
+  assert {"exact", "f1", "total", "score"} <= set(dev)
+  assert 0 <= dev["exact"] <= dev["f1"] <= 100 and dev["total"] == 10
+  assert results["data_rows"]["train"] >= 10  # one or more windows per question
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", [t for t in tasks.GLUE_TASKS if t not in ("glue/mnli",
+                                                                           "glue/stsb")]
+                         + ["squad/v1.1"])
+def test_every_glue_task_and_squad_v1(tiny_config, tiny_vocab, tmp_path, task):
+  changes = dict(max_length=48, max_query_length=16, doc_stride=8) if "squad" in task else {}
+  results, _ = _run(tiny_config, tiny_vocab, tmp_path, task, dropout=False, **changes)
+  spec = tasks.get_task(task)
+  dev = results["runs"][0]["dev"][spec.dev_splits[0]]
+  assert set(spec.metrics) <= set(dev)
+  assert all(np.isfinite(v) for v in dev.values())

@@ -1,0 +1,94 @@
+"""The tagger loss reads first subtokens only; freezing and eval mode are different switches."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from encoder_jax.finetune import trainer
+from encoder_jax.finetune.backbone import Backbone, build_model
+from encoder_jax.model.config import ModelConfig
+from encoder_jax.train.step import TrainState
+
+
+def test_tagger_loss_ignores_non_first_subtokens_and_pads(tiny_vocab):
+  from encoder_jax.data.tokenizer import WordPieceTokenizer
+  tok = WordPieceTokenizer.from_vocab(tiny_vocab)
+  enc = tok.batch_encode_words([["abc", "d", "good"], ["efg"]], [[1, 2, 3], [4]], max_length=10)
+  labels_BxT = enc["labels"]
+  ignored_BxT = labels_BxT == -100
+  # [CLS] a ##b ##c d good [SEP] pad...: only 'a', 'd', 'good' (and 'e' of row 2) carry labels.
+  assert (~ignored_BxT).sum() == 4 and ignored_BxT[:, 0].all()
+  batch = {"labels": jnp.asarray(labels_BxT), "weights": jnp.ones(2, jnp.float32)}
+  logits = jax.random.normal(jax.random.key(0), labels_BxT.shape + (5,))
+  loss_fn = lambda lg: trainer.task_loss("tag", {"logits": lg}, batch)[0]
+  noise = 1e3 * jax.random.normal(jax.random.key(1), logits.shape)
+  perturbed = jnp.where(jnp.asarray(ignored_BxT)[..., None], logits + noise, logits)
+  assert loss_fn(perturbed) == loss_fn(logits)
+  grad = jax.grad(loss_fn)(logits)
+  assert (np.asarray(grad)[ignored_BxT] == 0).all()
+  assert (np.abs(np.asarray(grad)[~ignored_BxT]).sum(-1) > 0).all()
+  # Padded (weight-0) rows of a last partial batch are ignored too.
+  half = dict(batch, weights=jnp.array([1.0, 0.0]))
+  one_row = trainer.task_loss("tag", {"logits": logits}, half)[0]
+  assert one_row == trainer.task_loss(
+      "tag", {"logits": logits[:1]}, {"labels": batch["labels"][:1],
+                                      "weights": jnp.ones(1)})[0]
+
+
+def _train_steps(tiny_config, freeze: bool, dropout: bool, n: int = 2):
+  cfg = ModelConfig(vocab_size=64, hidden_size=32, num_heads=2, ffn_size=64, num_layers=1,
+                    max_positions=16, hidden_dropout=0.1, attention_dropout=0.0)
+  model = build_model(Backbone(cfg, None, None, "random"), "classify", 2, pooling="cls", seed=0)
+  config = tiny_config("glue/cola", "", freeze_encoder=freeze, dropout=dropout,
+                       learning_rate=1e-2, warmup_frac=0.0)
+  tx, schedule = trainer.make_optimizer(config, num_layers=1, total_steps=n)
+  steps = trainer.make_steps(model, tx, schedule, freeze=freeze, dropout=dropout)
+  params = nnx.state(model, nnx.Param)
+  before = trainer.host_copy(params)
+  state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+  rng = np.random.default_rng(0)
+  batch = {"input_ids": rng.integers(5, 64, (4, 16)).astype(np.int32),
+           "mask": np.ones((4, 16), np.int32), "token_types": np.zeros((4, 16), np.int32),
+           "labels": np.array([0, 1, 0, 1], np.int32), "weights": np.ones(4, np.float32)}
+  for _ in range(n):
+    state, _ = steps.train(state, batch, jax.random.key(0))
+  return before, trainer.host_copy(state.params)
+
+
+def _changed(before, after, encoder: bool):
+  flat_b = jax.tree_util.tree_flatten_with_path(before)[0]
+  flat_a = jax.tree.leaves(after)
+  return {jax.tree_util.keystr(p): not np.array_equal(b, a) for (p, b), a in zip(flat_b, flat_a)
+          if trainer.is_encoder_param(p) == encoder}
+
+
+def test_freezing_keeps_encoder_bit_identical_and_trains_the_head(tiny_config):
+  # Dropout on (train mode): freezing is not eval mode, and still nothing in the encoder moves.
+  before, after = _train_steps(tiny_config, freeze=True, dropout=True)
+  enc = _changed(before, after, encoder=True)
+  assert enc and not any(enc.values()), [k for k, v in enc.items() if v]
+  head = _changed(before, after, encoder=False)
+  assert head and all(head.values())
+  # Bit-identical, not merely equal as floats (-0.0 == 0.0): compare raw bytes.
+  for (path, b), a in zip(jax.tree_util.tree_flatten_with_path(before)[0],
+                          jax.tree.leaves(after)):
+    if trainer.is_encoder_param(path):
+      assert b.tobytes() == a.tobytes(), jax.tree_util.keystr(path)
+
+
+def test_eval_mode_does_not_freeze(tiny_config):
+  # Training with dropout off (eval mode) still updates every encoder parameter.
+  before, after = _train_steps(tiny_config, freeze=False, dropout=False)
+  enc = _changed(before, after, encoder=True)
+  assert enc and all(enc.values()), [k for k, v in enc.items() if not v]
+
+
+def test_length_grouped_order_is_a_permutation_with_aligned_batches():
+  lengths = np.random.default_rng(0).integers(3, 60, 1003)
+  order = trainer.length_grouped_order(lengths, np.random.default_rng(1), 32)
+  assert sorted(order.tolist()) == list(range(1003))
+  maxes = [lengths[order[i:i + 32]].max() for i in range(0, 1003, 32)]
+  assert np.mean(maxes) < 1.2 * lengths.mean()  # a random batch's max is ~57 here
+  # The 11-row remainder is the last batch, so every other batch is full and homogeneous.
+  tail = order[992:]
+  assert len(tail) == 11 and np.ptp(lengths[order[:32]]) <= 5
