@@ -3,6 +3,10 @@
   python -m encoder_jax.main --mode=demo
       Fetches the all-MiniLM-L6-v2 checkpoint (pinned, sha256-checked, cached outside the repo),
       imports it into our encoder and prints a cosine-similarity table of demo sentences.
+  python -m encoder_jax.main --mode=pretrain --workdir=/tmp/demo_run
+      --config=configs/pretrain.py:runlocal
+      Pre-trains (MLM / ELECTRA, see configs/pretrain.py) into --workdir, resuming from the
+      newest checkpoint there; SIGTERM saves a checkpoint and exits 0.
 """
 from __future__ import annotations
 
@@ -13,8 +17,9 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("mode", "demo", ["demo"],
-                  "What to run. demo: import the MiniLM checkpoint and embed demo sentences.")
+flags.DEFINE_enum("mode", "demo", ["demo", "pretrain"],
+                  "What to run. demo: import the MiniLM checkpoint and embed demo sentences. "
+                  "pretrain: train_and_evaluate(--config, --workdir).")
 flags.DEFINE_string("workdir", None,
                     "Directory for checkpoints, logs and results of this run (created if absent).")
 flags.DEFINE_string("cache_dir", None,
@@ -67,6 +72,15 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)
   if FLAGS.mode == "demo":
     demo(FLAGS.cache_dir)
+  elif FLAGS.mode == "pretrain":
+    if FLAGS.config is None or not FLAGS.workdir:
+      raise app.UsageError("--mode=pretrain needs --config (e.g. configs/pretrain.py:runlocal) "
+                           "and --workdir (where checkpoints and metrics go).")
+    from encoder_jax.train.loop import train_and_evaluate  # pylint: disable=g-import-not-at-top
+    config = FLAGS.config
+    if FLAGS.cache_dir and not config.data.cache_dir:
+      config.data.cache_dir = FLAGS.cache_dir
+    train_and_evaluate(config, FLAGS.workdir)
 
 
 def run():

@@ -1,0 +1,414 @@
+"""train_and_evaluate(config, workdir): the pre-training loop around the jitted step.
+
+  python -m encoder_jax.main --mode=pretrain --config=configs/pretrain.py:runlocal \
+      --workdir=/tmp/demo_run
+
+What a run leaves in `workdir`:
+  config.json      the resolved ConfigDict (the seed in it regenerates every RNG key)
+  checkpoints/     Orbax, async, newest `train.keep`: TrainState + data iterator + meta
+  metrics.jsonl    train rows every `train.log_every` steps, eval rows every `train.eval_every`
+  tensorboard/     the same scalars as event files (tensorboardX)
+  summary.json     steps, stop reason, wall time, tokens/s, MFU, final train/eval loss
+
+Steps are numbered by completed updates: "step s" is the state after s calls of the step, and
+the metrics logged at s are those of the call that produced it. One call is one micro-batch;
+with optim.accumulation_steps = k the optimizer applies an update every k calls.
+
+Behaviour a user relies on:
+  * Resume: a workdir holding checkpoints continues from the newest one: parameters, optimizer
+    state, step and data iterator are restored, and masks/dropout/generator samples derive
+    from fold_in(seed, step), so the continued run is the uninterrupted one, bit for bit (CPU).
+  * Metrics stay on device and are fetched every log/eval/checkpoint step, so the host does
+    not wait for the accelerator every step.
+  * A non-finite loss or gradient norm stops the run with FloatingPointError naming the step.
+    Every loss up to a step is checked before the state of that step is saved, so no
+    checkpoint ever holds a state that produced a non-finite value; the last good one stays.
+  * SIGTERM (preemption) saves a checkpoint at the current step and returns normally, so the
+    process exits 0 and the next start resumes.
+  * train.flops_budget ends the run at the first step whose cumulative FLOPs reach it
+    (analytic FLOPs, encoder_jax.train.flops), so ablations compare at equal compute.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+from absl import logging
+import jax
+import ml_collections
+import numpy as np
+
+from encoder_jax.data import examples, pipeline
+from encoder_jax.data.builders import resolve_vocab
+from encoder_jax.data.tokenizer import WordPieceTokenizer
+from encoder_jax.model.config import ModelConfig
+from encoder_jax.model.electra import generator_config
+from encoder_jax.train import flops as flops_lib
+from encoder_jax.train import sharding
+from encoder_jax.train import step as step_lib
+from encoder_jax.train.checkpoint import Checkpointer
+from encoder_jax.train.metrics_io import MetricWriter, format_duration, progress_line
+from encoder_jax.train.optim import OptimConfig, build_optimizer
+
+SUMMARY_FILE = "summary.json"
+CONFIG_FILE = "config.json"
+
+
+# ------------------------------------------------------------------ config -> static pieces
+
+
+def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:
+  """The frozen ModelConfig of `config.model`, with the tokenizer's vocabulary size."""
+  d = config.model.to_dict()
+  d["embedding_size"] = d.get("embedding_size") or None  # 0 in the ConfigDict means "= d"
+  if d.get("vocab_size", vocab_size) != vocab_size:
+    logging.info("model.vocab_size=%s replaced by the tokenizer's %d", d["vocab_size"],
+                 vocab_size)
+  d["vocab_size"] = vocab_size
+  cfg = ModelConfig.from_dict(d)
+  if config.data.max_length > cfg.max_positions:
+    raise ValueError(f"data.max_length={config.data.max_length} exceeds model.max_positions="
+                     f"{cfg.max_positions}; shorten the rows or raise max_positions.")
+  return cfg
+
+
+def default_max_predictions(objective: str, mask_rate: float, max_length: int) -> int:
+  """BERT: ceil(rate * T) (20 at 128); ELECTRA's repo: int((rate + 0.005) * T) (19 at 128)."""
+  if objective == "mlm":
+    return max(1, math.ceil(mask_rate * max_length))
+  return max(1, int((mask_rate + 0.005) * max_length))
+
+
+def objective_config(config: ml_collections.ConfigDict,
+                     tok: WordPieceTokenizer) -> step_lib.ObjectiveConfig:
+  o = config.objective
+  max_pred = o.max_predictions or default_max_predictions(o.objective, o.mask_rate,
+                                                          config.data.max_length)
+  specials = tuple(sorted({tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id}))
+  return step_lib.ObjectiveConfig(
+      objective=o.objective, sentence_task=o.sentence_task, vocab_size=tok.vocab_size,
+      mask_id=tok.mask_id, special_ids=specials, mask_rate=o.mask_rate,
+      max_predictions=max_pred, mask_frac=o.mask_frac, random_frac=o.random_frac,
+      whole_word=o.whole_word, gen_hidden_frac=o.gen_hidden_frac,
+      gen_layers_frac=o.gen_layers_frac, temperature=o.temperature, disc_weight=o.disc_weight)
+
+
+def example_config(config: ml_collections.ConfigDict) -> examples.ExampleConfig:
+  task = config.objective.sentence_task
+  ex = examples.ExampleConfig(format=config.data.format, max_length=config.data.max_length,
+                              nsp=task == "nsp", sop=task == "sop", pack=config.data.pack,
+                              short_seq_prob=config.data.short_seq_prob, seed=config.seed)
+  ex.validate()
+  return ex
+
+
+def make_loader(config: ml_collections.ConfigDict, split: str) -> pipeline.Loader:
+  d = config.data
+  return pipeline.pretrain_loader(
+      source=d.source, vocab=d.vocab, split=split, example=example_config(config),
+      global_batch_size=d.batch_size, seed=config.seed, data_dir=d.data_dir or None,
+      cache_dir=d.cache_dir or None, worker_count=d.worker_count)
+
+
+@dataclasses.dataclass
+class Setup:
+  """Everything static about a run, derived once from the ConfigDict."""
+  model_cfg: ModelConfig
+  obj: step_lib.ObjectiveConfig
+  optim_cfg: OptimConfig
+  trainer: step_lib.Trainer
+  init_fn: Any
+  flops_per_step: float
+  tokens_per_step: int  # padded positions per step (what the hardware computes)
+  end_step: int  # the run stops here ...
+  planned_stop: str  # ... because of "steps" or "flops_budget"
+
+
+def build(config: ml_collections.ConfigDict) -> Setup:
+  tok = WordPieceTokenizer.from_vocab(resolve_vocab(config.data.vocab,
+                                                    config.data.cache_dir or None))
+  model_cfg = model_config(config, tok.vocab_size)
+  obj = objective_config(config, tok)
+  gen_cfg = (generator_config(model_cfg, obj.gen_hidden_frac, obj.gen_layers_frac)
+             if obj.is_electra else None)
+  B, T = config.data.batch_size, config.data.max_length
+  fps = flops_lib.train_flops_per_step(
+      model_cfg, batch_size=B, seq_len=T, objective=obj.objective,
+      max_predictions=obj.max_predictions, sparse_mlm=True, nsp=obj.sentence_task != "none",
+      generator=gen_cfg)
+
+  t = config.train
+  budget_steps = math.ceil(t.flops_budget / fps) if t.flops_budget > 0 else None
+  steps = t.steps or budget_steps
+  if not steps:
+    raise ValueError("train.steps=0 means 'derive from train.flops_budget', but the budget is "
+                     "0 too; set one of them (e.g. --config.train.steps=1000).")
+  end_step, planned = steps, "steps"
+  if budget_steps is not None and budget_steps <= steps:
+    end_step, planned = budget_steps, "flops_budget"
+
+  od = config.optim.to_dict()
+  if not od["total_steps"]:
+    od["total_steps"] = max(1, steps // od["accumulation_steps"])
+  optim_cfg = OptimConfig.from_dict(od)
+  tx, schedule = build_optimizer(optim_cfg, num_layers=model_cfg.num_layers)
+  trainer, init_fn = step_lib.create(model_cfg, obj, tx, schedule, config.seed)
+  return Setup(model_cfg, obj, optim_cfg, trainer, init_fn, fps, B * T, end_step, planned)
+
+
+# ------------------------------------------------------------------------------ the run
+
+
+def initial_state(init_fn, state_shardings=None):
+  """init_fn under jit, placed by `state_shardings` (no host copy of the full state).
+
+  On CPU the initialisers (a truncated normal per leaf) take XLA ~12 s of CPU to compile at
+  the default optimisation level and ~2 s at level 0, for a program that runs once. Level 0
+  rounds the erfinv of the truncated normal differently: values can differ from
+  `jax.jit(init_fn)()` by 1 ulp (~7e-9). Every trainer run initialises this way, so runs
+  remain reproducible from the seed.
+  """
+  jitted = jax.jit(init_fn, out_shardings=state_shardings)
+  if jax.default_backend() == "cpu":
+    return jitted.lower().compile(compiler_options={"xla_backend_optimization_level": 0})()
+  return jitted()
+
+
+class NonFiniteError(FloatingPointError):
+  pass
+
+
+def _check_finite(step: int, m: dict[str, np.ndarray]) -> None:
+  for key in ("loss", "grad_norm"):
+    if not np.isfinite(m[key]):
+      raise NonFiniteError(step, key, float(m[key]))
+
+
+def _mean_rows(rows: list[dict[str, np.ndarray]]) -> dict[str, float]:
+  return {k: float(np.mean([r[k] for r in rows], dtype=np.float64)) for k in rows[0]}
+
+
+def _write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
+  path = os.path.join(workdir, CONFIG_FILE)
+  text = config.to_json_best_effort(indent=2, sort_keys=True)
+  if os.path.exists(path):
+    with open(path) as f:
+      if f.read() != text:
+        logging.warning("%s differs from this run's config; resuming with the new one", path)
+  with open(path, "w") as f:
+    f.write(text)
+
+
+def _say(msg: str) -> None:
+  if jax.process_index() == 0:
+    print(msg, flush=True)
+
+
+class _Preemption:
+  """Turns SIGTERM into a flag the loop polls (signal handlers only exist in the main thread)."""
+
+  def __init__(self):
+    self.flag = threading.Event()
+    self._old = None
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      self._old = signal.signal(signal.SIGTERM, lambda *_: self.flag.set())
+    return self
+
+  def __exit__(self, *exc):
+    if self._old is not None:
+      signal.signal(signal.SIGTERM, self._old)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Trains (resuming from `workdir` if it holds checkpoints), evaluates; returns the summary."""
+  t_start = time.perf_counter()
+  workdir = os.path.abspath(workdir)
+  os.makedirs(workdir, exist_ok=True)
+  s = build(config)
+  _write_config(config, workdir)
+  t = config.train
+  log_every, ckpt_every = max(1, t.log_every), max(1, t.checkpoint_every)
+  eval_every = t.eval_every if t.eval_steps > 0 else 0
+
+  # One device for now: a (1, 1, 1) mesh of encoder_jax.train.sharding. Widening it (data /
+  # fsdp / tensor) changes nothing below: parameters and optimizer state follow their logical
+  # axis names, batches are split over data x fsdp, checkpoints restore into the shardings.
+  mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
+  abstract = jax.eval_shape(s.init_fn)
+  state_shardings = sharding.state_shardings(abstract, mesh)
+  abstract = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                          abstract, state_shardings)
+  to_device = lambda batch: sharding.shard_batch(batch, mesh)
+
+  train_loader = make_loader(config, "train")
+  eval_loader = make_loader(config, config.data.eval_split) if eval_every > 0 else None
+  train_it = iter(train_loader)
+  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=t.keep)
+  start = ckpt.latest_step() or 0
+  prior_wall_s = 0.0
+  if start:
+    state, data_state, meta = ckpt.restore(start, abstract)
+    if int(state.step) != start:
+      raise ValueError(f"checkpoint {start} in {ckpt.directory} holds step {int(state.step)}; "
+                       "the directory is corrupt or was written by another tool.")
+    train_it.set_state(data_state)
+    prior_wall_s = float(meta.get("wall_s", 0.0))
+    _say(f"resumed from step {start} ({ckpt.directory})")
+  else:
+    state = initial_state(s.init_fn, state_shardings)
+
+  num_params = sum(x.size for x in jax.tree.leaves(state.params))
+  peak = t.peak_flops or flops_lib.peak_flops_per_device(jax.devices()[0].device_kind)
+  _say(f"{s.obj.objective} ({s.obj.sentence_task}) | {num_params:,} params | "
+       f"batch {config.data.batch_size} x {config.data.max_length} | "
+       f"{s.flops_per_step:.3g} FLOPs/step | peak {peak / 1e9:.1f} GFLOP/s "
+       f"({jax.devices()[0].device_kind}) | steps {start} -> {s.end_step} ({s.planned_stop})")
+
+  train_step = step_lib.make_train_step(s.trainer, state_shardings,
+                                        sharding.batch_sharding(mesh))
+  eval_step = step_lib.make_eval_step(s.trainer)
+  writer = MetricWriter(workdir, resume_step=start)
+
+  pending: list[tuple[int, dict]] = []  # metrics still on device, by step
+  fetched: list[dict[str, np.ndarray]] = []  # checked, awaiting the next log line
+  perf = dict(mark_t=None, mark_step=start, excluded_s=0.0, steady_s=0.0, steady_steps=0)
+  last = dict(train={}, eval={}, compile_s=None)
+
+  def fetch():
+    """Brings pending metrics to the host and checks them; a must before saving a state."""
+    if pending:
+      values = jax.device_get([m for _, m in pending])
+      for (step_, _), m in zip(pending, values):
+        _check_finite(step_, m)
+        fetched.append(m)
+      pending.clear()
+
+  def log(step: int):
+    if not fetched:
+      return
+    scalars = _mean_rows(fetched)
+    fetched.clear()
+    now = time.perf_counter()
+    n = step - perf["mark_step"]
+    if perf["mark_t"] is not None and n > 0:
+      dt = max(now - perf["mark_t"] - perf["excluded_s"], 1e-9)
+      perf["steady_s"] += dt
+      perf["steady_steps"] += n
+      scalars |= dict(step_time_s=dt / n, tokens_per_s=n * s.tokens_per_step / dt,
+                      flops_per_s=n * s.flops_per_step / dt,
+                      mfu=flops_lib.mfu(s.flops_per_step, dt / n, 1, peak))
+    scalars["cumulative_flops"] = step * s.flops_per_step
+    step_time = perf["steady_s"] / perf["steady_steps"] if perf["steady_steps"] else math.nan
+    writer.write(step, "train", scalars)
+    _say(progress_line(step, s.end_step, scalars, eta_s=(s.end_step - step) * step_time))
+    last["train"] = scalars
+    perf.update(mark_t=time.perf_counter(), mark_step=step, excluded_s=0.0)
+
+  def evaluate(step: int):
+    t0 = time.perf_counter()
+    it = iter(eval_loader)
+    outs = [eval_step(state.params, to_device(next(it)), i) for i in range(t.eval_steps)]
+    scalars = _mean_rows(jax.device_get(outs))
+    writer.write(step, "eval", scalars)
+    _say(f"eval  step {step}: " + " ".join(f"{k} {v:.4g}" for k, v in sorted(scalars.items())
+                                           if not k.endswith("_count")))
+    last["eval"] = scalars
+    perf["excluded_s"] += time.perf_counter() - t0
+
+  def save(step: int):
+    t0 = time.perf_counter()
+    fetch()  # every loss up to `step` is finite before its state is written
+    ckpt.save(step, state, data_state=train_it.get_state(),
+              meta={"wall_s": prior_wall_s + time.perf_counter() - t_start,
+                    "cumulative_flops": step * s.flops_per_step})
+    perf["excluded_s"] += time.perf_counter() - t0
+
+  step, stop_reason = start, s.planned_stop
+  try:
+    with _Preemption() as preemption:
+      t_loop = time.perf_counter()
+      while step < s.end_step:
+        if preemption.flag.is_set():
+          stop_reason = "preempted"
+          break
+        batch = to_device(next(train_it))
+        state, metrics = train_step(state, batch)
+        step += 1
+        for x in jax.tree.leaves(metrics):
+          x.copy_to_host_async()  # start the transfer now; fetched at the next log step
+        pending.append((step, metrics))
+        if last["compile_s"] is None:  # this process's first step: time compilation apart
+          jax.block_until_ready(metrics)
+          last["compile_s"] = time.perf_counter() - t_loop
+          perf.update(mark_t=time.perf_counter(), mark_step=step)
+        is_eval = eval_every > 0 and step % eval_every == 0
+        is_ckpt = step % ckpt_every == 0 or step == s.end_step
+        if step % log_every == 0 or step == s.end_step or is_eval or is_ckpt:
+          fetch()
+        if step % log_every == 0 or step == s.end_step:
+          log(step)
+        if is_ckpt:
+          save(step)
+        if is_eval:
+          evaluate(step)
+      if stop_reason == "preempted":
+        fetch()
+        log(step)
+        save(step)
+        _say(f"SIGTERM: saved step {step}; exiting cleanly (a restart resumes from it)")
+      elif eval_loader is not None and not (step % eval_every == 0 and step > start):
+        evaluate(step)  # the final numbers always include a held-out score
+    ckpt.wait()
+    checkpoints = ckpt.all_steps()
+  except NonFiniteError as e:
+    bad_step, key, value = e.args
+    ckpt.wait()  # saves in flight hold good states (checked before they started): finish them
+    good = ckpt.latest_step()
+    msg = (f"Non-finite {key} ({value}) at step {bad_step}: stopped without saving that "
+           f"state. The last good checkpoint is step {good} in {ckpt.directory}"
+           + (" (a restart resumes from it)" if good else " (none was saved yet)")
+           + ". Lower optim.learning_rate, lengthen optim.warmup_steps, keep "
+           "optim.clip_grad_norm > 0, or use norm=pre.")
+    _write_summary(workdir, dict(steps=bad_step, stop_reason="non_finite", error=msg,
+                                 last_good_checkpoint=good))
+    raise FloatingPointError(msg) from None
+  finally:
+    writer.close()
+    ckpt.close()  # waits for saves in flight, whatever stopped the loop
+
+  wall_s = time.perf_counter() - t_start
+  # No throughput figures when this process ran no step after the compiling one (e.g. a
+  # finished run started again: it only evaluates).
+  steady = perf["steady_steps"] > 0
+  steps_per_s = perf["steady_steps"] / perf["steady_s"] if steady else None
+  summary = dict(
+      steps=step, stop_reason=stop_reason, resumed_from=start or None,
+      wall_s=wall_s, total_wall_s=prior_wall_s + wall_s, compile_s=last["compile_s"],
+      tokens_per_s=steps_per_s * s.tokens_per_step if steady else None,
+      flops_per_step=s.flops_per_step, cumulative_flops=step * s.flops_per_step,
+      flops_per_s=steps_per_s * s.flops_per_step if steady else None,
+      mfu=steps_per_s * s.flops_per_step / peak if steady else None, peak_flops=peak,
+      num_params=num_params,
+      final_train_loss=last["train"].get("loss"), final_eval_loss=last["eval"].get("loss"),
+      final_train=last["train"], final_eval=last["eval"],
+      checkpoints=checkpoints)
+  _write_summary(workdir, summary)
+  _say(f"done: {step} steps ({stop_reason}) in {format_duration(wall_s)}; summary "
+       + json.dumps({k: summary[k] for k in ("steps", "wall_s", "tokens_per_s", "mfu",
+                                             "cumulative_flops", "final_train_loss",
+                                             "final_eval_loss")}))
+  return summary
+
+
+def _write_summary(workdir: str, summary: dict) -> None:
+  if jax.process_index() == 0:
+    with open(os.path.join(workdir, SUMMARY_FILE), "w") as f:
+      json.dump(summary, f, indent=2, default=float)

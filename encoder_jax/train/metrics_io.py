@@ -1,0 +1,100 @@
+"""Where a run's numbers go: TensorBoard event files, metrics.jsonl and a progress line.
+
+  writer = MetricWriter(workdir, resume_step=0)
+  writer.write(step, "train", {"loss": 7.1, "tokens_per_s": 1.3e3})
+  print(progress_line(step, total, scalars, eta_s=...))
+
+metrics.jsonl has one JSON object per line: {"step": s, "split": "train"|"eval", ...scalars},
+floats written with Python's repr (round-trips float32 values exactly, so per-step losses of
+two runs can be compared bit for bit). On resume, lines of steps after the restored checkpoint
+(work the killed process did and the resumed one repeats) are dropped, and TensorBoard is
+told to purge its events from that step on, so each step appears once in both.
+Only process 0 writes.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Mapping
+
+import jax
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict]:
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+class MetricWriter:
+  """TensorBoard (tensorboardX) + metrics.jsonl for one workdir."""
+
+  def __init__(self, workdir: str | os.PathLike, *, resume_step: int = 0):
+    self.enabled = jax.process_index() == 0
+    self.path = os.path.join(workdir, METRICS_FILE)
+    self._tb = self._file = None
+    if not self.enabled:
+      return
+    if resume_step and os.path.exists(self.path):
+      kept = [r for r in read_jsonl(self.path) if r.get("step", 0) <= resume_step]
+      with open(self.path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in kept)
+    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+    self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"),
+                             purge_step=resume_step + 1 if resume_step else None)
+    self._file = open(self.path, "a")
+
+  def write(self, step: int, split: str, scalars: Mapping[str, float]) -> None:
+    if not self.enabled:
+      return
+    row = {"step": int(step), "split": split, "time": time.time()}
+    row |= {k: float(v) for k, v in scalars.items()}
+    self._file.write(json.dumps(row) + "\n")
+    self._file.flush()
+    for k, v in scalars.items():
+      self._tb.add_scalar(f"{split}/{k}", float(v), global_step=int(step))
+    self._tb.flush()
+
+  def close(self) -> None:
+    if self._file is not None:
+      self._file.close()
+      self._tb.close()
+      self._file = self._tb = None
+
+
+def format_duration(seconds: float) -> str:
+  if not math.isfinite(seconds):
+    return "?"
+  seconds = int(round(seconds))
+  h, rest = divmod(seconds, 3600)
+  m, s = divmod(rest, 60)
+  return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
+
+
+def _si(x: float) -> str:
+  for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+    if abs(x) >= scale:
+      return f"{x / scale:.2f}{unit}"
+  return f"{x:.1f}"
+
+
+# Metrics worth a place on the progress line, in this order, when present.
+_PROGRESS_KEYS = ("loss", "mlm_loss", "mlm_accuracy", "gen_loss", "gen_accuracy", "disc_loss",
+                  "disc_accuracy", "main_loss", "nsp_accuracy", "sop_accuracy")
+
+
+def progress_line(step: int, total: int, scalars: Mapping[str, float], *, eta_s: float) -> str:
+  """'step 200/600 | loss 7.104 mlm_accuracy 0.061 | 1.31k tok/s 8.52G FLOP/s MFU 25.4% |
+  FLOPs 1.2e13 | ETA 3m10s'."""
+  width = len(str(total))
+  parts = [f"step {step:>{width}d}/{total}"]
+  parts.append(" ".join(f"{k} {scalars[k]:.4g}" for k in _PROGRESS_KEYS if k in scalars))
+  if "tokens_per_s" in scalars:
+    parts.append(f"{_si(scalars['tokens_per_s'])} tok/s {_si(scalars['flops_per_s'])}FLOP/s "
+                 f"MFU {100 * scalars['mfu']:.1f}%")
+  parts.append(f"FLOPs {scalars.get('cumulative_flops', 0.0):.3g}")
+  parts.append(f"ETA {format_duration(eta_s)}")
+  return " | ".join(parts)

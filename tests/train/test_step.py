@@ -1,0 +1,134 @@
+"""The jitted pre-training step: overfitting 8 sentences (MLM, ELECTRA), one trace, ELECTRA and
+NSP wiring.
+
+Real text through the MiniLM WordPiece tokenizer, then the ids remapped to the ~60 that occur
+(specials first): a 65-way softmax instead of 30,522 keeps the tiny model's steps cheap; the
+step sees an ordinary vocabulary. Compiling dominates the cost here (seconds per program under
+load), so each test compiles at most one step and the wiring tests only trace (eval_shape).
+"""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from encoder_jax.data.fetch import minilm_dir
+from encoder_jax.data.tokenizer import WordPieceTokenizer
+from encoder_jax.model import ModelConfig
+from encoder_jax.train import loop
+from encoder_jax.train import step as step_lib
+from encoder_jax.train.optim import OptimConfig, build_optimizer, path_names
+
+SENTENCES = [
+    "Call me Ishmael.",
+    "Some years ago, never mind how long precisely, having little money in my purse",
+    "The state of the union is strong.",
+    "It is a way I have of driving off the spleen",
+    "and regulating the circulation.",
+    "Whenever I find myself growing grim about the mouth",
+    "whenever it is a damp, drizzly November in my soul",
+    "then, I account it high time to get to sea as soon as I can.",
+]
+
+
+@functools.lru_cache(maxsize=1)
+def fixed_batch():
+  """8 tokenized sentences [8, 20] with ids remapped to 0..V-1; returns (batch, V)."""
+  tok = WordPieceTokenizer.from_vocab(minilm_dir() / "vocab.txt")
+  b = tok.batch_encode_pairs(SENTENCES, max_length=20)
+  specials = [tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id]  # -> 0..4
+  vocab_V = np.array(specials + sorted(set(np.unique(b["input_ids"]).tolist()) - set(specials)))
+  lookup = np.zeros(tok.vocab_size, np.int32)
+  lookup[vocab_V] = np.arange(len(vocab_V))
+  batch = {"input_ids": lookup[b["input_ids"]], "mask": b["mask"].astype(bool),
+           "token_types": b["token_types"], "nsp_label": np.arange(8, dtype=np.int32) % 2}
+  return batch, len(vocab_V)
+
+
+def tiny(objective="mlm", sentence_task="none", **model):
+  batch, V = fixed_batch()
+  cfg = ModelConfig(**{**dict(vocab_size=V, hidden_size=64, num_layers=2, num_heads=4,
+                              ffn_size=128, max_positions=32, hidden_dropout=0.0,
+                              attention_dropout=0.0), **model})
+  obj = step_lib.ObjectiveConfig(objective=objective, sentence_task=sentence_task,
+                                 vocab_size=V, mask_id=4, special_ids=(0, 1, 2, 3, 4),
+                                 max_predictions=4, gen_hidden_frac=1.0)
+  return cfg, obj, batch
+
+
+# ELECTRA needs the second block and more steps: the discriminator's loss reaches 0 only once
+# the generator's samples are (nearly) always the original token.
+@pytest.mark.parametrize("objective,layers,steps", [("mlm", 1, 600), ("electra", 2, 800)])
+def test_overfits_eight_sentences_with_one_trace(objective, layers, steps, monkeypatch):
+  traces = []
+  real = step_lib.loss_and_metrics
+  monkeypatch.setattr(step_lib, "loss_and_metrics",
+                      lambda *a, **k: traces.append(1) or real(*a, **k))
+  cfg, obj, batch = tiny(objective, num_layers=layers)
+  tx, schedule = build_optimizer(OptimConfig(learning_rate=3e-3, warmup_steps=10,
+                                             total_steps=steps, weight_decay=0.0))
+  tr, init = step_lib.create(cfg, obj, tx, schedule, seed=0)
+  state, train_step = loop.initial_state(init), step_lib.make_train_step(tr)
+  history = []
+  for _ in range(steps):  # masks are redrawn every step (fold_in(seed, step)): dynamic
+    state, m = train_step(state, {k: jnp.asarray(v) for k, v in batch.items()})
+    history.append(m)
+  history = jax.device_get(history)
+  final = {k: np.mean([h[k] for h in history[-20:]]) for k in history[0]}
+  assert len(traces) == 1  # one trace for all calls: no retracing after the first step
+  assert int(state.step) == steps
+  if objective == "mlm":
+    assert history[0]["mlm_loss"] > 3.5 and final["mlm_loss"] < 0.05, final
+    assert final["mlm_accuracy"] > 0.99
+  else:
+    assert history[0]["gen_loss"] > 3.5 and history[0]["disc_loss"] > 0.6
+    assert final["gen_loss"] < 0.05 and final["disc_loss"] < 0.02, final
+    assert final["disc_accuracy"] > 0.99
+
+
+def param_paths(cfg, obj):
+  model = nnx.eval_shape(lambda: step_lib.build_model(cfg, obj, rngs=nnx.Rngs(0)))
+  flat = jax.tree_util.tree_flatten_with_path(nnx.state(model, nnx.Param))[0]
+  return {"/".join(map(str, path_names(p))): x.shape for p, x in flat}
+
+
+def metric_names(cfg, obj, batch):
+  """The step's metric keys, from tracing alone (no compile)."""
+  tr, init = step_lib.create(cfg, obj, *build_optimizer(OptimConfig(warmup_steps=0,
+                                                                     total_steps=1)), seed=0)
+  params = jax.eval_shape(init).params
+  fn = lambda p, b: step_lib.loss_and_metrics(nnx.merge(tr.graphdef_train, p), b,
+                                              jax.random.key(0), obj, train=True)[1]
+  return set(jax.eval_shape(fn, params, {k: jnp.asarray(v) for k, v in batch.items()}))
+
+
+@pytest.mark.parametrize("embedding_size", [None, 32])
+def test_electra_token_embedding_is_one_parameter(embedding_size):
+  cfg, obj, _ = tiny("electra", embedding_size=embedding_size)
+  obj = step_lib.ObjectiveConfig(**{**obj.__dict__, "gen_hidden_frac": 0.25})
+  paths = param_paths(cfg, obj)
+  tables = [p for p, shape in paths.items() if shape == (cfg.vocab_size, cfg.embed_size)]
+  assert tables == ["discriminator/embeddings/token/embedding"]
+  assert [p for p in paths if p.endswith("position/embedding")] == [
+      "discriminator/embeddings/position/embedding"]  # positions are tied too
+  assert not any(p.startswith("generator/embeddings") for p in paths)
+  # The generator is a quarter as wide and reads the shared tables (through its own
+  # projection when the embedding width differs from its hidden size).
+  assert paths["generator/blocks/attn/qkv_kernel"][1] == 16
+  assert ("generator/embed_proj/kernel" in paths) == (cfg.embed_size != 16)
+
+
+@pytest.mark.parametrize("objective", ["mlm", "electra"])
+def test_sentence_task_off_means_no_parameters_and_no_loss(objective):
+  for task in ("none", "nsp", "sop"):
+    cfg, obj, batch = tiny(objective, task, num_layers=1)
+    paths, names = param_paths(cfg, obj), metric_names(cfg, obj, batch)
+    has_params = any(("nsp" in p or "pooler" in p) for p in paths)
+    has_metrics = {n for n in names if n.startswith(("nsp_", "sop_"))}
+    if task == "none":
+      assert not has_params and not has_metrics, (paths, names)
+    else:
+      assert has_params and has_metrics == {f"{task}_loss", f"{task}_accuracy",
+                                            f"{task}_count"}
