@@ -30,7 +30,7 @@ TEST_REQUIRES = [
     "pytest==9.2.0",
     "pytest-xdist==3.8.0",
     "chex==0.1.92",
-    "scikit-learn==1.9.1",  # cross-checks of the fine-tuning metrics (never imported by the package)
+    "scikit-learn==1.9.1",  # fine-tuning metric cross-checks (never imported by the package)
     # Parity only (never imported by the package): the CPU wheel of torch. An unpinned
     # `torch` pulls a multi-GB CUDA build.
     "torch==2.13.0",

@@ -12,6 +12,13 @@ Run (from the repo root):
   bash run.sh python -m encoder_jax.finetune.main \
       --config=configs/finetune.py:task=rotten_tomatoes,init=random,run=cpu --workdir=/tmp/r
   bash run.sh python -m encoder_jax.finetune.main --report=/tmp/m,/tmp/r
+  # the demo pre-trained checkpoint vs random init, median of 3 seeds, on both demo tasks:
+  bash run.sh python -m encoder_jax.main --mode=pretrain --workdir=/tmp/pre \
+      --config=configs/pretrain.py:runlocal
+  for task in rotten_tomatoes brown_pos; do for init in ckpt:/tmp/pre/checkpoints random; do
+    bash run.sh python -m encoder_jax.finetune.main --workdir=/tmp/ft_${task}_${init%%:*} \
+        --config=configs/finetune.py:task=$task,init=$init,run=small --config.random_like=tiny
+  done; done
   # a pre-training checkpoint, 5 seeds, ELECTRA-style layer-wise LR decay:
   bash run.sh python -m encoder_jax.finetune.main --config=configs/finetune.py:task=brown_pos,\
 init=ckpt:/tmp/pretrain/checkpoints --seeds=5 --config.layer_decay=0.8 --workdir=/tmp/ft_pos
@@ -19,8 +26,9 @@ Arguments after ':' (comma-separated key=value):
   task   rotten_tomatoes | brown_pos | glue/<cola|sst2|mrpc|qqp|stsb|mnli|qnli|rte|wnli> |
          squad/v1.1 | squad/v2.0                                   (default rotten_tomatoes)
   init   minilm | hf:<dir> | ckpt:<dir> | random                   (default minilm)
-  run    full | cpu | runlocal  (cpu: ~10 min on 2 CPU cores at MiniLM size, see below;
-         runlocal: a few hundred examples, 1 epoch: a smoke test)
+  run    full | cpu | small | runlocal   (cpu: ~10 min on 2 CPU cores at MiniLM size, see
+         below; small: 3 seeds on subsets, for tiny/mini demo checkpoints; runlocal: a few
+         hundred examples, 1 epoch: a smoke test)
 Any leaf can be overridden: --config.epochs=2 --config.max_length=64.
 """
 import ml_collections
@@ -99,6 +107,11 @@ def get_config(arg=None):
     # trained as a mean-pooled sentence encoder; the random baseline gets the same head.
     c.max_length, c.epochs, c.max_train_examples, c.log_every = 64, 1, 3200, 10
     c.pooling, c.learning_rate = "mean", 1e-4
+  elif args["run"] == "small":
+    # Small demo encoders (configs/pretrain.py sizes tiny / mini) vs random init on 2 CPU
+    # cores: 3 seeds x 2 epochs over 2,000 training rows, 1,000-row dev and test subsets.
+    c.max_length, c.length_bucket, c.epochs, c.seeds = 64, 32, 2, 3
+    c.max_train_examples, c.max_eval_examples, c.learning_rate = 2000, 1000, 3e-4
   elif args["run"] != "full":
-    raise ValueError(f"run={args['run']!r}; use full, cpu or runlocal.")
+    raise ValueError(f"run={args['run']!r}; use full, cpu, small or runlocal.")
   return c

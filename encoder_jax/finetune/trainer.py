@@ -261,6 +261,8 @@ def finetune_one_seed(spec: tasks_lib.TaskSpec, model: FinetuneModel,
     if best is None or value > best:
       best, best_epoch = value, epoch
       best_params = host_copy(state.params)
+  # On the device once: numpy leaves would be copied host -> device at every predict call.
+  best_params = jax.tree.map(jnp.asarray, best_params)
   if history:
     final_dev = history[best_epoch - 1]["dev"]
   else:  # epochs=0: the loaded model as it is (e.g. a frozen-feature baseline's head at init)

@@ -80,3 +80,25 @@ def test_every_glue_task_and_squad_v1(tiny_config, tiny_vocab, tmp_path, task):
   dev = results["runs"][0]["dev"][spec.dev_splits[0]]
   assert set(spec.metrics) <= set(dev)
   assert all(np.isfinite(v) for v in dev.values())
+
+
+def test_demo_pos_tagging_on_real_brown(tiny_config, tmp_path):
+  # The real Brown POS builder (fetched once, cached) with the BERT uncased vocab; a few rows.
+  config = tiny_config("brown_pos", "minilm", dropout=False, max_train_examples=12,
+                       max_eval_examples=8, max_length=48)
+  config.model.vocab_size = 30522
+  results = finetune_and_evaluate(config, str(tmp_path))
+  run = results["runs"][0]
+  assert results["data_rows"] == {"train": 12, "validation": 8, "test": 8}
+  assert 0 <= run["dev"]["validation"]["accuracy"] <= 1
+  assert 0 <= run["test"]["accuracy"] <= 1
+
+
+@pytest.mark.slow
+def test_demo_sentiment_on_real_rotten_tomatoes(tiny_config, tmp_path):
+  config = tiny_config("rotten_tomatoes", "minilm", max_train_examples=16,
+                       max_eval_examples=8, save_best=True)
+  config.model.vocab_size = 30522
+  results = finetune_and_evaluate(config, str(tmp_path))
+  assert set(results["runs"][0]["test"]) == {"accuracy", "f1", "score"}
+  assert (tmp_path / "seed_0" / "best").is_dir()
