@@ -29,14 +29,15 @@ def _filled(make):
 
 
 def _save_train_state(model, root):
-  """What encoder_jax.train writes: TrainState(step, nnx.State of params, opt_state) under a
-  CheckpointManager item named 'state'."""
+  """What encoder_jax.train.loop writes: TrainState(step, nnx.State of params, opt_state)
+  through its Checkpointer, as <root>/<step>/{state, data, meta}."""
+  from encoder_jax.train.checkpoint import Checkpointer
   params = nnx.state(model, nnx.Param)
   tx = optax.adamw(1e-3)
   state = TrainState(jnp.asarray(7, jnp.int32), params, tx.init(params))
-  with ocp.CheckpointManager(root) as mgr:
-    mgr.save(7, args=ocp.args.Composite(state=ocp.args.StandardSave(state)))
-    mgr.wait_until_finished()
+  ckpt = Checkpointer(root, keep=1, async_save=False)
+  ckpt.save(7, state, data_state={"next_index": 0}, meta={"wall_s": 1.0})
+  ckpt.close()
 
 
 def _pure(module):
