@@ -51,3 +51,8 @@ def test_bad_config_arguments():
     finetune_config.get_config("run=fast")
   with pytest.raises(ValueError, match="unknown fine-tuning task"):
     tasks.get_task("glue/boolq")
+
+
+def test_unprepared_tfds_data_says_how_to_prepare_it(tmp_path):
+  with pytest.raises(FileNotFoundError, match="tfds build glue/rte --file_format=array_record"):
+    tasks.read_split(tasks.get_task("glue/rte"), "train", data_dir=str(tmp_path))
