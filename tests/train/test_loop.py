@@ -104,8 +104,11 @@ def run_subprocess(env, config, workdir, hang_after=0):
   cfg_path = env["base"] / f"{os.path.basename(workdir)}.json"
   cfg_path.write_text(config.to_json())
   (env["base"] / "driver.py").write_text(DRIVER)
+  # PYTHONPATH: the child imports the encoder_jax under test, not whichever one is installed.
   e = dict(os.environ, JAX_COMPILATION_CACHE_DIR=env["cache"],
-           JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+           JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+           PYTHONPATH=os.pathsep.join([str(ROOT)] + os.environ.get("PYTHONPATH", "").split(
+               os.pathsep)).rstrip(os.pathsep))
   marker = str(workdir) + ".hung"
   proc = subprocess.Popen([sys.executable, str(env["base"] / "driver.py"), str(cfg_path),
                            str(workdir), str(hang_after), marker], cwd=ROOT, env=e,
