@@ -81,6 +81,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.size = args["size"]
   config.seed = 0  # parameters, data order, masks, dropout: everything derives from it
+  # Device mesh "data,fsdp,tensor" (one entry may be -1), or "auto": all devices data-parallel
+  # on TPU/GPU, one device on CPU. E.g. FSDP over a pod: --config.mesh=1,-1,1.
+  config.mesh = "auto"
   config.model = model_config(args["size"], args["norm"])
 
   config.data = ml_collections.ConfigDict(dict(

@@ -25,6 +25,14 @@ flags.DEFINE_string("workdir", None,
 flags.DEFINE_string("cache_dir", None,
                     "Where fetched artifacts are cached (default: $ENCODER_JAX_CACHE or "
                     "~/.cache/encoder_jax).")
+flags.DEFINE_enum("distributed", "none", ["none", "auto", "explicit"],
+                  "Multi-host setup through jax.distributed.initialize(): none = one process; "
+                  "auto = discover the cluster (TPU VMs, SLURM, ...); explicit = use "
+                  "--coordinator_address/--num_processes/--process_id.")
+flags.DEFINE_string("coordinator_address", None,
+                    "host:port of process 0's coordinator (with --distributed=explicit).")
+flags.DEFINE_integer("num_processes", None, "Number of processes (with --distributed=explicit).")
+flags.DEFINE_integer("process_id", None, "This process's index (with --distributed=explicit).")
 config_flags.DEFINE_config_file(
     "config", None, "A config file, e.g. configs/pretrain.py:size=mini; override any leaf "
     "with --config.a.b=value.", lock_config=True)
@@ -66,10 +74,29 @@ def demo(cache_dir: str | None) -> None:
     print(f"{s:<{width}} {i}" + "".join(f"{v:7.3f}" for v in sim[i]))
 
 
+def init_distributed() -> None:
+  """jax.distributed.initialize() before any other JAX call, as JAX requires."""
+  if FLAGS.distributed == "none":
+    return
+  import jax  # pylint: disable=g-import-not-at-top
+  if FLAGS.distributed == "auto":
+    jax.distributed.initialize()
+    return
+  missing = [n for n in ("coordinator_address", "num_processes", "process_id")
+             if getattr(FLAGS, n) is None]
+  if missing:
+    raise app.UsageError(f"--distributed=explicit needs {', '.join('--' + m for m in missing)}.")
+  if jax.default_backend() == "cpu":  # CPU collectives across processes go through gloo
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(coordinator_address=FLAGS.coordinator_address,
+                             num_processes=FLAGS.num_processes, process_id=FLAGS.process_id)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)
+  init_distributed()
   if FLAGS.mode == "demo":
     demo(FLAGS.cache_dir)
   elif FLAGS.mode == "pretrain":

@@ -238,10 +238,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   log_every, ckpt_every = max(1, t.log_every), max(1, t.checkpoint_every)
   eval_every = t.eval_every if t.eval_steps > 0 else 0
 
-  # One device for now: a (1, 1, 1) mesh of encoder_jax.train.sharding. Widening it (data /
-  # fsdp / tensor) changes nothing below: parameters and optimizer state follow their logical
-  # axis names, batches are split over data x fsdp, checkpoints restore into the shardings.
-  mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
+  # The mesh (data, fsdp, tensor) comes from config.mesh; nothing below depends on it:
+  # parameters and optimizer state follow their logical axis names, batches are split over
+  # data x fsdp, checkpoints restore into the shardings.
+  mesh = sharding.mesh_from_config(config.get("mesh", "auto"))
   abstract = jax.eval_shape(s.init_fn)
   state_shardings = sharding.state_shardings(abstract, mesh)
   abstract = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),

@@ -62,6 +62,24 @@ def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices=None) -> Mesh:
   return Mesh(np.asarray(devices).reshape(dims), MESH_AXES)
 
 
+def mesh_from_config(spec: str) -> Mesh:
+  """`config.mesh`: "auto" or "data,fsdp,tensor" (one entry may be -1).
+
+  "auto": every device data-parallel on accelerators (TPU/GPU), one device on CPU, where
+  extra devices are only the tests' fake ones sharing the same cores.
+  """
+  if spec == "auto":
+    if jax.default_backend() == "cpu":
+      return make_mesh((1, 1, 1), devices=jax.devices()[:1])
+    return make_mesh((-1, 1, 1))
+  try:
+    shape = tuple(int(x) for x in spec.split(","))
+  except ValueError:
+    raise ValueError(f"config.mesh={spec!r}: use 'auto' or 'data,fsdp,tensor' sizes such as "
+                     "'1,-1,2'.") from None
+  return make_mesh(shape)
+
+
 def logical_to_mesh(logical: P, shape: Sequence[int], mesh: Mesh,
                     rules: Sequence[tuple[str, str | None]] = RULES) -> P:
   """Mesh PartitionSpec for one array from its logical spec and shape."""

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Pre-train on a Cloud TPU pod slice (every worker runs the same command; jax.distributed
+# discovers the slice by itself on TPU VMs).
+#
+#   PROJECT=my-proj ZONE=us-central2-b TPU=bert-v4-32 ACCEL=v4-32 \
+#   BUCKET=gs://my-bucket REPO=https://github.com/you/encoder_jax.git \
+#   bash launch/tpu_pod.sh create        # queued resource (waits until ACTIVE)
+#   bash launch/tpu_pod.sh install       # clone + pip install on all workers
+#   bash launch/tpu_pod.sh train "size=base,objective=mlm,nsp=nsp,format=segment_pair" [flags]
+#   bash launch/tpu_pod.sh delete
+#
+# Data: pre-tokenized TFDS datasets are read from $BUCKET/tfds (build them once with
+# `python -m encoder_jax.data.build --data_dir=$BUCKET/tfds ...`); checkpoints, TensorBoard
+# and metrics go to $BUCKET/runs/<name>. Each host reads only its shard of every batch.
+set -euo pipefail
+: "${PROJECT:?set PROJECT}" "${ZONE:?set ZONE}" "${TPU:?set TPU (node name)}"
+ACCEL=${ACCEL:-v4-32}                      # v4-32 = 16 chips / 4 hosts; v5e: v5litepod-32
+RUNTIME=${RUNTIME:-tpu-ubuntu2204-base}    # v5e: v2-alpha-tpuv5-lite
+BUCKET=${BUCKET:-}
+REPO=${REPO:-}
+JAX_VERSION=${JAX_VERSION:-0.10.2}
+ssh_all() {
+  gcloud compute tpus tpu-vm ssh "$TPU" --project="$PROJECT" --zone="$ZONE" --worker=all \
+    --command="$1"
+}
+case "${1:-}" in
+  create)
+    gcloud compute tpus queued-resources create "$TPU-qr" --project="$PROJECT" --zone="$ZONE" \
+      --node-id="$TPU" --accelerator-type="$ACCEL" --runtime-version="$RUNTIME"
+    until gcloud compute tpus queued-resources describe "$TPU-qr" --project="$PROJECT" \
+        --zone="$ZONE" --format='value(state.state)' | grep -q ACTIVE; do
+      echo "waiting for $TPU-qr to become ACTIVE..."; sleep 30
+    done ;;
+  install)
+    : "${REPO:?set REPO (git URL of this repository)}"
+    ssh_all "set -e; [ -d encoder_jax ] || git clone $REPO encoder_jax; cd encoder_jax && git pull \
+      && python3 -m venv .venv && .venv/bin/pip install -q -e . 'jax[tpu]==$JAX_VERSION'" ;;
+  train)
+    : "${BUCKET:?set BUCKET (gs://...)}"
+    arg=${2:?config argument, e.g. size=base,objective=mlm}
+    shift 2
+    name=${NAME:-$(date +%Y%m%d-%H%M%S)}
+    ssh_all "cd encoder_jax && .venv/bin/python -m encoder_jax.main --mode=pretrain \
+      --config=configs/pretrain.py:$arg --workdir=$BUCKET/runs/$name \
+      --config.data.data_dir=$BUCKET/tfds $* 2>&1 | tee -a train-$name.log" ;;
+  delete)
+    gcloud compute tpus queued-resources delete "$TPU-qr" --project="$PROJECT" --zone="$ZONE" \
+      --force --quiet ;;
+  *) sed -n 2,16p "$0"; exit 2 ;;
+esac
