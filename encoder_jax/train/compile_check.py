@@ -34,11 +34,13 @@ flags.DEFINE_string("tpu_topology", None, "Compile for an abstract TPU topology,
                     "v4:2x2x1 (needs jax[tpu] / libtpu).")
 flags.DEFINE_string("dtype", "float32", "Compute dtype (float32 | bfloat16).")
 flags.DEFINE_bool("table", False, "Also print the sharding of every parameter.")
+flags.DEFINE_enum("remat", "none", ["none", "full", "dots", "dots_no_batch"],
+                  "Rematerialisation policy of each block (trades compute for activation memory).")
 
 
 def compile_step(size: str, mesh_shape, *, batch: int, seq_len: int, objective: str = "mlm",
                  nsp: bool = True, max_predictions: int = 20, dtype: str = "float32",
-                 devices=None):
+                 remat: str = "none", devices=None):
   """Lowers + compiles the sharded train step from abstract values only. Returns
   (compiled, shardings, abstract_state, seconds)."""
   import jax
@@ -49,7 +51,7 @@ def compile_step(size: str, mesh_shape, *, batch: int, seq_len: int, objective: 
   from encoder_jax.train import step as S
   from encoder_jax.train.optim import OptimConfig, build_optimizer
 
-  cfg = model_config_for_size(size, dtype=dtype)
+  cfg = model_config_for_size(size, dtype=dtype, remat_policy=remat)
   obj = S.ObjectiveConfig(objective=objective, sentence_task="nsp" if nsp else "none",
                           max_predictions=max_predictions)
   parts = build_optimizer(OptimConfig())
@@ -84,12 +86,13 @@ def main(argv):
   shape = tuple(int(x) for x in FLAGS.mesh.split(","))
   compiled, shardings, abstract, secs = compile_step(
       FLAGS.size, shape, batch=FLAGS.batch, seq_len=FLAGS.seq_len, objective=FLAGS.objective,
-      nsp=FLAGS.nsp, max_predictions=FLAGS.max_predictions, dtype=FLAGS.dtype, devices=devices)
+      nsp=FLAGS.nsp, max_predictions=FLAGS.max_predictions, dtype=FLAGS.dtype,
+      remat=FLAGS.remat, devices=devices)
   n = len(devices or jax.devices())
   mem = compiled.memory_analysis()
   gib = lambda b: f"{b / 2**30:.3f} GiB"
   print(f"{FLAGS.size} {FLAGS.objective} nsp={FLAGS.nsp} batch={FLAGS.batch}x{FLAGS.seq_len} "
-        f"mesh(data,fsdp,tensor)={sh.mesh_shape(shape, n)} on {n} "
+        f"remat={FLAGS.remat} mesh(data,fsdp,tensor)={sh.mesh_shape(shape, n)} on {n} "
         f"{(devices or jax.devices())[0].platform} devices: compiled in {secs:.1f}s")
   if mem is not None:
     print(f"per device: arguments {gib(mem.argument_size_in_bytes)}, outputs "
