@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from encoder_jax.model.config import ModelConfig
+from encoder_jax.model.dropout import Dropout
 
 
 def init_normal(cfg: ModelConfig):
@@ -56,7 +57,7 @@ class MultiHeadAttention(nnx.Module):
                                 out_sharding=("heads", "kv", "embed"),
                                 eager_sharding=False)
     self.out_bias = nnx.Param(jnp.zeros((d,), pdt), out_sharding=("embed",), eager_sharding=False)
-    self.dropout = nnx.Dropout(cfg.attention_dropout, deterministic=True)
+    self.dropout = Dropout(cfg.attention_dropout, deterministic=True)
     self.dtype = cfg.compute_dtype
 
   def __call__(self, x_BxTxD: jax.Array, mask_Bx1xTxS: jax.Array, *,

@@ -17,6 +17,7 @@ from flax import nnx
 
 from encoder_jax.model.attention import MultiHeadAttention, init_normal, make_attention_mask
 from encoder_jax.model.config import ModelConfig
+from encoder_jax.model.dropout import Dropout
 
 _REMAT = {
     "full": None,  # save nothing, recompute the whole block in the backward pass
@@ -77,7 +78,7 @@ class Embeddings(nnx.Module):
       self.token_type = (emb(cfg.type_vocab_size, (None, "embed")) if cfg.type_vocab_size
                          else None)
     self.ln = layer_norm(cfg, e, rngs=rngs)
-    self.dropout = nnx.Dropout(cfg.hidden_dropout, deterministic=True)
+    self.dropout = Dropout(cfg.hidden_dropout, deterministic=True)
 
   def __call__(self, ids_BxT, token_types_BxT, positions_BxT, *, dropout_rng=None):
     x_BxTxE = self.token(ids_BxT) + self.position(positions_BxT)
@@ -102,7 +103,7 @@ class Block(nnx.Module):
     self.ffn_in = dense(cfg, d, f, ("embed", "mlp"), rngs=rngs)
     self.ffn_out = dense(cfg, f, d, ("mlp", "embed"), rngs=rngs)
     self.ln_ffn = layer_norm(cfg, d, rngs=rngs)
-    self.dropout = nnx.Dropout(cfg.hidden_dropout, deterministic=True)
+    self.dropout = Dropout(cfg.hidden_dropout, deterministic=True)
     self.norm_first = cfg.norm_first
     self.act = cfg.activation
 

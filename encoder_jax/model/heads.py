@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from encoder_jax.model.config import ModelConfig
+from encoder_jax.model.dropout import Dropout
 from encoder_jax.model.encoder import activation_fn, dense, layer_norm
 
 # Large negative for logits at excluded positions; finite so that an all-excluded row still has
@@ -111,7 +112,7 @@ class ClassifierHead(nnx.Module):
     self.pooling = pooling
     self.pooler = Pooler(cfg, rngs=rngs) if pooling == "cls" else None
     self.out = dense(cfg, cfg.hidden_size, num_classes, ("embed", None), rngs=rngs)
-    self.dropout = nnx.Dropout(cfg.hidden_dropout, deterministic=True)
+    self.dropout = Dropout(cfg.hidden_dropout, deterministic=True)
 
   def __call__(self, hidden_BxTxD, mask_BxT, *, dropout_rng=None) -> jax.Array:
     pooled_BxD = (self.pooler(hidden_BxTxD) if self.pooling == "cls"
@@ -125,7 +126,7 @@ class TaggerHead(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, num_tags: int, *, rngs: nnx.Rngs):
     self.out = dense(cfg, cfg.hidden_size, num_tags, ("embed", None), rngs=rngs)
-    self.dropout = nnx.Dropout(cfg.hidden_dropout, deterministic=True)
+    self.dropout = Dropout(cfg.hidden_dropout, deterministic=True)
 
   def __call__(self, hidden_BxTxD, *, dropout_rng=None) -> jax.Array:
     return self.out(self.dropout(hidden_BxTxD, rngs=dropout_rng)).astype(jnp.float32)
