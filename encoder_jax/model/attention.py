@@ -59,6 +59,7 @@ class MultiHeadAttention(nnx.Module):
     self.out_bias = nnx.Param(jnp.zeros((d,), pdt), out_sharding=("embed",), eager_sharding=False)
     self.dropout = Dropout(cfg.attention_dropout, deterministic=True)
     self.dtype = cfg.compute_dtype
+    self.attention_impl = cfg.attention_impl
 
   def __call__(self, x_BxTxD: jax.Array, mask_Bx1xTxS: jax.Array, *,
                dropout_rng: jax.Array | None = None) -> jax.Array:
@@ -68,10 +69,9 @@ class MultiHeadAttention(nnx.Module):
                      + self.qkv_bias[...].astype(dt)[None, None])
     q_BxTxNxH, k_BxSxNxH, v_BxSxNxH = (qkv_BxTx3xNxH[:, :, i] for i in range(3))
     if self.dropout.deterministic or self.dropout.rate == 0.0:
-      # jax.nn.dot_product_attention: XLA's fused attention on CPU/TPU, cuDNN flash attention on
-      # GPU when the dtype allows; it computes the softmax in fp32.
-      out_BxTxNxH = jax.nn.dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH,
-                                                 mask=mask_Bx1xTxS)
+      # jax.nn.dot_product_attention: XLA's attention (softmax in fp32) unless cuDNN flash
+      # attention is asked for (cfg.attention_impl); jax's own default is always XLA.
+      out_BxTxNxH = self._fused_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS)
     else:
       # Attention-probability dropout (BERT's attention_probs_dropout_prob) needs the
       # probabilities, which the fused kernel does not expose: explicit path, same maths.
@@ -83,6 +83,23 @@ class MultiHeadAttention(nnx.Module):
     out_BxTxNxH = jnp.where(jnp.transpose(any_Bx1xTx1, (0, 2, 1, 3)), out_BxTxNxH, 0)
     return (jnp.einsum("btnh,nhd->btd", out_BxTxNxH, self.out_kernel[...].astype(dt))
             + self.out_bias[...].astype(dt)[None, None])
+
+  def _fused_attention(self, q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS):
+    impl = self.attention_impl
+    if impl == "auto":
+      impl = ("cudnn" if jax.default_backend() == "gpu"
+              and self.dtype in (jnp.bfloat16, jnp.float16) else "xla")
+    if impl == "cudnn":
+      # cuDNN takes the boolean mask as an additive bias ([B, 1, T, S]); any mask form works
+      # (key padding, packed segments). Shapes it rejects raise at trace time: "auto" then
+      # falls back to XLA, an explicit "cudnn" raises.
+      try:
+        return jax.nn.dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask=mask_Bx1xTxS,
+                                            implementation="cudnn")
+      except (NotImplementedError, RuntimeError, ValueError):
+        if self.attention_impl == "cudnn":
+          raise
+    return jax.nn.dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask=mask_Bx1xTxS)
 
   def _explicit_attention(self, q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS, dropout_rng):
     if dropout_rng is None:

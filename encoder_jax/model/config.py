@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+ATTENTION_IMPLS = ("xla", "cudnn", "auto")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +41,11 @@ class ModelConfig:
   param_dtype: str = "float32"  # storage dtype of the parameters
   scan_layers: bool = True  # nnx.scan over stacked blocks (fast compile) vs an unrolled list
   remat_policy: str = "none"  # rematerialisation of each block: none | full | dots | dots_no_batch
+  # jax.nn.dot_product_attention's implementation when no attention-probability dropout is
+  # active: "xla" (any device), "cudnn" (flash attention; GPU, bf16/fp16, errors otherwise) or
+  # "auto" (cudnn on GPU in bf16/fp16 when jax accepts the shapes, else xla). jax itself never
+  # picks cuDNN: its default (None) is XLA. bench/gpu.py measures both on a GPU.
+  attention_impl: str = "xla"
   pad_token_id: int = 0
 
   def __post_init__(self):
@@ -52,6 +58,9 @@ class ModelConfig:
     if self.remat_policy not in REMAT_POLICIES:
       raise ValueError(
           f"ModelConfig.remat_policy={self.remat_policy!r}; use one of {REMAT_POLICIES}.")
+    if self.attention_impl not in ATTENTION_IMPLS:
+      raise ValueError(
+          f"ModelConfig.attention_impl={self.attention_impl!r}; use one of {ATTENTION_IMPLS}.")
     for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "ffn_size",
                  "max_positions"):
       if getattr(self, name) <= 0:
