@@ -1,0 +1,386 @@
+"""What the benchmarks time: our jitted train steps and HF torch `BertForPreTraining`, each in
+its own worker process, fed the same batches of real demo-corpus text.
+
+Why worker processes: torch (OpenMP) and XLA (Eigen) each keep a thread pool, and an OpenMP
+pool spins for a while after every parallel region; in one process the idle pool of one
+framework would eat cycles the other needs. A worker blocked on its pipe uses no CPU, so
+interleaving rounds between workers (A B C, C B A, ...) times each framework alone while drift
+of a shared, noisy machine hits all of them alike.
+
+  spec = StepSpec(system="ours", size="mini", batch_size=32, seq_len=128)
+  with Worker(spec, batches) as w:      # builds, compiles, warms up in the child
+    wall_s, cpu_s = w.run(4)            # 4 steps, synchronised once at the end
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import multiprocessing as mp
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+  sys.path.insert(0, REPO)  # run from anywhere without installing
+
+VOCAB_SIZE = 30522  # BERT uncased (the demo corpus is tokenised with MiniLM's = BERT's vocab)
+SYSTEMS = ("ours", "hf")
+OBJECTIVES = ("mlm", "electra")
+
+
+def max_predictions(seq_len: int) -> int:
+  """BERT's max_predictions_per_seq: 20 at 128 tokens, 80 at 512 (0.15 * T rounded up to 4)."""
+  return int(4 * math.ceil(0.15 * seq_len / 4))
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSpec:
+  """One system to time. Plain values only: it crosses the process boundary."""
+
+  system: str = "ours"  # ours | hf
+  size: str = "mini"  # a key of encoder_jax.model.config.SIZES
+  objective: str = "mlm"  # mlm (+NSP when nsp) | electra (ours only; no NSP)
+  nsp: bool = True
+  batch_size: int = 32
+  seq_len: int = 128
+  threads: int = 2  # torch.set_num_threads; XLA uses every core it sees
+  # Our step's options (ModelConfig / ObjectiveConfig fields).
+  scan_layers: bool = True
+  remat_policy: str = "none"
+  dtype: str = "float32"
+  attention_dropout: float = 0.1
+  hidden_dropout: float = 0.1
+  # HF's options.
+  hf_attn: str = "sdpa"  # attn_implementation: sdpa (HF's default) | eager
+  hf_adamw: str = "default"  # torch AdamW implementation: default | foreach | fused
+  seed: int = 0
+  # Import encoder_jax from this directory instead (an exported older revision: before/after
+  # comparisons of a change in one interleaved run; see train_step.py --variant).
+  src: str | None = None
+  xla_flags: str = ""  # appended to XLA_FLAGS in this worker (ours only)
+  tag: str = ""  # appended to the label, e.g. " @HEAD~1"
+
+  @property
+  def label(self) -> str:
+    if self.system == "hf":
+      return "HF torch BertForPreTraining MLM+NSP"
+    obj = "MLM+NSP" if self.objective == "mlm" and self.nsp else self.objective.upper()
+    return f"ours {obj}{self.tag}"
+
+  @property
+  def tokens_per_step(self) -> int:
+    return self.batch_size * self.seq_len
+
+
+def model_config(spec: StepSpec):
+  from encoder_jax.model.config import model_config_for_size
+  return model_config_for_size(
+      spec.size, vocab_size=VOCAB_SIZE, scan_layers=spec.scan_layers,
+      remat_policy=spec.remat_policy, dtype=spec.dtype, param_dtype="float32",
+      attention_dropout=spec.attention_dropout, hidden_dropout=spec.hidden_dropout,
+      max_positions=max(512, spec.seq_len))
+
+
+def objective_config(spec: StepSpec):
+  from encoder_jax.train.step import ObjectiveConfig
+  nsp = spec.nsp and spec.objective == "mlm"
+  return ObjectiveConfig(objective=spec.objective, sentence_task="nsp" if nsp else "none",
+                         vocab_size=VOCAB_SIZE, max_predictions=max_predictions(spec.seq_len))
+
+
+def optim_config():
+  """BERT's AdamW (lr 1e-4, 0.9/0.999, eps 1e-6, decay 0.01, clip 1.0); the HF side mirrors it."""
+  from encoder_jax.train.optim import OptimConfig
+  return OptimConfig(learning_rate=1e-4, warmup_steps=100, total_steps=10_000, eps=1e-6,
+                     weight_decay=0.01, clip_grad_norm=1.0)
+
+
+def build_ours(spec: StepSpec):
+  """(Trainer, step, state): the real step from encoder_jax.train.step, nothing bench-specific."""
+  import jax
+  from encoder_jax.train import optim, step as step_lib
+  parts = optim.build_optimizer(optim_config())
+  tr, init = step_lib.create(model_config(spec), objective_config(spec), parts.tx,
+                             parts.schedule, spec.seed)
+  state = jax.jit(init)()
+  return tr, step_lib.make_train_step(tr), state
+
+
+def load_batches(batch_size: int, seq_len: int, n: int, seed: int = 0) -> list[dict]:
+  """`n` batches of the demo corpus as BERT SEGMENT-PAIR + NSP rows ([CLS] A [SEP] B [SEP])."""
+  from encoder_jax.data import examples, pipeline
+  loader = pipeline.pretrain_loader(
+      source="demo", vocab="minilm", example=examples.ExampleConfig(
+          format="segment_pair", nsp=True, max_length=seq_len, seed=seed),
+      global_batch_size=batch_size, seed=seed, process_index=0, process_count=1)
+  it = iter(loader)
+  keep = ("input_ids", "mask", "token_types", "nsp_label")  # what HF's model receives too
+  return [{k: np.asarray(b[k]) for k in keep} for b in (next(it) for _ in range(n))]
+
+
+def hf_batches(batches: list[dict], seq_len: int, seed: int = 0) -> list[dict]:
+  """The same batches corrupted for HF with our corruption rules (80/10/10, exact 15% count,
+  never specials), as [B, T] labels (-100 where no prediction): HF's input format."""
+  import jax
+  import jax.numpy as jnp
+  from encoder_jax.objectives.masking import mask_tokens
+  from encoder_jax.train.step import ObjectiveConfig
+  obj = ObjectiveConfig(vocab_size=VOCAB_SIZE, max_predictions=max_predictions(seq_len))
+
+  @jax.jit
+  def corrupt(key, ids, mask):
+    maskable = mask & ~jnp.isin(ids, jnp.asarray(obj.special_ids, ids.dtype))
+    m = mask_tokens(key, ids, maskable, vocab_size=VOCAB_SIZE, mask_id=obj.mask_id,
+                    max_predictions=obj.max_predictions, special_ids=obj.special_ids)
+    return m.ids_BxT, m.labels_BxT
+
+  out = []
+  for i, b in enumerate(batches):
+    ids, labels = corrupt(jax.random.key(seed + i), b["input_ids"], b["mask"])
+    out.append(dict(b, input_ids=np.asarray(ids), labels=np.asarray(labels)))
+  return out
+
+
+class _Hf:
+  """HF torch BertForPreTraining (MLM at every position + NSP), AdamW, clipping: one step."""
+
+  def __init__(self, spec: StepSpec, batches):
+    import torch
+    import transformers
+    from encoder_jax.model.config import SIZES
+    torch.set_num_threads(spec.threads)
+    torch.manual_seed(spec.seed)
+    s = SIZES[spec.size]
+    hcfg = transformers.BertConfig(
+        vocab_size=VOCAB_SIZE, hidden_size=s["hidden_size"], num_hidden_layers=s["num_layers"],
+        num_attention_heads=s["num_heads"], intermediate_size=s["ffn_size"], hidden_act="gelu",
+        hidden_dropout_prob=spec.hidden_dropout,
+        attention_probs_dropout_prob=spec.attention_dropout,
+        max_position_embeddings=max(512, spec.seq_len), type_vocab_size=2,
+        layer_norm_eps=1e-12)
+    self.model = transformers.BertForPreTraining._from_config(
+        hcfg, attn_implementation=spec.hf_attn).train()
+    kw = {} if spec.hf_adamw == "default" else {spec.hf_adamw: True}
+    self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6,
+                                 weight_decay=0.01, **kw)
+    self.batches = [dict(input_ids=torch.as_tensor(b["input_ids"], dtype=torch.long),
+                         attention_mask=torch.as_tensor(b["mask"], dtype=torch.long),
+                         token_type_ids=torch.as_tensor(b["token_types"], dtype=torch.long),
+                         labels=torch.as_tensor(b["labels"], dtype=torch.long),
+                         next_sentence_label=torch.as_tensor(b["nsp_label"], dtype=torch.long))
+                    for b in batches]
+    self.torch = torch
+    self.i = 0
+    self.loss = None
+
+  def run(self, n: int):
+    for _ in range(n):
+      b = self.batches[self.i % len(self.batches)]
+      self.i += 1
+      self.opt.zero_grad(set_to_none=True)
+      loss = self.model(**b).loss
+      loss.backward()
+      self.torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+      self.opt.step()
+      self.loss = loss
+
+  def info(self) -> dict:
+    return {"loss": float(self.loss.detach()) if self.loss is not None else None, **_rss()}
+
+
+class _Ours:
+  """Our jitted step (donated state, metrics left on device; one sync per `run`)."""
+
+  def __init__(self, spec: StepSpec, batches):
+    import jax
+    self.jax = jax
+    t = time.perf_counter()
+    self.tr, self.step, self.state = build_ours(spec)
+    self.batches = [jax.device_put(b) for b in batches]
+    self.metrics = None
+    self.i = 0
+    self.run(1)  # compile + first step
+    self.compile_s = time.perf_counter() - t
+    self.checks = self._check_step()
+
+  def _check_step(self) -> dict:
+    """One more step under a transfer guard (no host<->device copy may happen inside it, so
+    the host never waits for the device within a step), then: was the old state donated?"""
+    jax = self.jax
+    old = jax.tree.leaves(self.state)
+    try:
+      with jax.transfer_guard("disallow"):
+        self.run(1)
+      transfer = "none"
+    except Exception as e:  # pylint: disable=broad-except
+      transfer = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+      self.run(1)
+    # Host callbacks (jax.debug.print, pure_callback, io_callback) would stall every step on
+    # the host; they show up as custom calls in the lowered program.
+    text = self.step.lower(self.state, self.batches[0]).as_text()
+    callbacks = text.count("callback")
+    return {"donated": all(x.is_deleted() for x in old), "host_transfer": transfer,
+            "host_callbacks": callbacks}
+
+  def run(self, n: int):
+    for _ in range(n):
+      b = self.batches[self.i % len(self.batches)]
+      self.i += 1
+      self.state, self.metrics = self.step(self.state, b)
+    self.jax.block_until_ready(self.state)
+
+  def info(self) -> dict:
+    return {"loss": float(self.metrics["loss"]), "compile_s": self.compile_s, **self.checks,
+            **_rss()}
+
+
+def _rss() -> dict:
+  """This process's resident memory now and at its peak (Linux), in bytes."""
+  import resource
+  out = {"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+  try:
+    with open("/proc/self/statm") as f:
+      out["rss"] = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+  except OSError:
+    pass
+  return out
+
+
+def _serve(conn, spec: StepSpec, batches, env: dict[str, str]):
+  os.environ.update(env)  # XLA_FLAGS etc. must be set before jax is imported
+  if spec.src:
+    sys.path.insert(0, os.path.abspath(spec.src))  # before encoder_jax is first imported
+  try:
+    system = (_Hf if spec.system == "hf" else _Ours)(spec, batches)
+    system.run(1)  # warm-up: first-touch allocations, caches
+    conn.send(("ready", None))
+    while True:
+      cmd, arg = conn.recv()
+      if cmd == "run":
+        wall, cpu = time.perf_counter(), time.process_time()
+        system.run(arg)
+        conn.send(("ok", (time.perf_counter() - wall, time.process_time() - cpu)))
+      elif cmd == "info":
+        conn.send(("ok", system.info()))
+      else:
+        break
+  except BaseException as e:  # report to the driver instead of dying silently
+    import traceback
+    conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+  finally:
+    conn.close()
+
+
+class Worker:
+  """A child process holding one system; `run(n)` times n steps there and returns seconds."""
+
+  def __init__(self, spec: StepSpec, batches, env: dict[str, str] | None = None,
+               wait: bool = True):
+    self.spec = spec
+    ctx = mp.get_context("spawn")  # fresh interpreter: no inherited jax/torch thread pools
+    self._conn, child = ctx.Pipe()
+    env = dict(env or {})
+    if spec.xla_flags:
+      env["XLA_FLAGS"] = " ".join(x for x in (env.get("XLA_FLAGS", os.environ.get(
+          "XLA_FLAGS", "")), spec.xla_flags) if x)
+    self._proc = ctx.Process(target=_serve, args=(child, spec, batches, env), daemon=True)
+    saved = dict(os.environ)
+    os.environ.update(env)  # the child's environment is the parent's at start()
+    try:
+      self._proc.start()
+    finally:
+      os.environ.clear()
+      os.environ.update(saved)
+    child.close()
+    self._ready = False
+    if wait:
+      self.wait_ready()
+
+  def wait_ready(self):
+    """Blocks until the child has built, compiled and warmed up its system."""
+    if not self._ready:
+      self._expect("ready")
+      self._ready = True
+
+  def _expect(self, *what):
+    kind, payload = self._conn.recv()
+    if kind == "error":
+      raise RuntimeError(f"worker {self.spec.label} failed:\n{payload}")
+    return payload
+
+  def run(self, n: int) -> tuple[float, float]:
+    """Runs n steps; returns (wall seconds, CPU seconds of the worker process, all threads)."""
+    self.wait_ready()
+    self._conn.send(("run", n))
+    return tuple(self._expect("ok"))
+
+  def info(self) -> dict[str, Any]:
+    self.wait_ready()
+    self._conn.send(("info", None))
+    return self._expect("ok")
+
+  def close(self):
+    try:
+      self._conn.send(("stop", None))
+    except (BrokenPipeError, OSError):
+      pass
+    self._proc.join(timeout=30)
+    if self._proc.is_alive():
+      self._proc.kill()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+
+def matmul_peak(n: int = 2048, repeats: int = 3) -> float:
+  """FLOP/s of a jitted fp32 n x n matmul in this process now (median of `repeats`); unlike
+  encoder_jax.train.flops.measured_cpu_matmul_peak it is not cached, so calling it between
+  rounds tracks the machine's load."""
+  import statistics
+  import jax
+  import jax.numpy as jnp
+  a = jnp.ones((n, n), jnp.float32)
+  f = jax.jit(jnp.matmul)
+  f(a, a).block_until_ready()
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    f(a, a).block_until_ready()
+    times.append(time.perf_counter() - t)
+  return 2.0 * n ** 3 / statistics.median(times)
+
+
+def loadavg() -> str:
+  try:
+    with open("/proc/loadavg") as f:
+      return " ".join(f.read().split()[:3])
+  except OSError:
+    return "?"
+
+
+def interleaved(workers: dict[str, Worker], rounds: int, steps: int, log=print,
+                between=None) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+  """(wall, cpu) seconds per step of every worker, `rounds` times; the order of the workers
+  is reversed every other round so that slow drift favours none of them. `between()` runs
+  after every round (e.g. a peak measurement)."""
+  names = list(workers)
+  wall: dict[str, list[float]] = {n: [] for n in names}
+  cpu: dict[str, list[float]] = {n: [] for n in names}
+  for r in range(rounds):
+    order = names if r % 2 == 0 else names[::-1]
+    for n in order:
+      w, c = workers[n].run(steps)
+      wall[n].append(w / steps)
+      cpu[n].append(c / steps)
+    if between is not None:
+      between()
+    log(f"  round {r + 1}/{rounds} (load {loadavg()}): " +
+        "  ".join(f"{n} {wall[n][-1]:.3f}s" for n in names))
+  return wall, cpu

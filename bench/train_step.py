@@ -1,0 +1,203 @@
+r"""Train-step tokens/s: our MLM+NSP and ELECTRA steps vs HF torch `BertForPreTraining`.
+
+  python bench/train_step.py                    # mini (B32x128) and base (B8x128), ~5 min
+  python bench/train_step.py --quick            # fewer rounds, ~2 min
+  python bench/train_step.py --sizes=mini --rounds=9 --remat_policy=dots
+
+Same work on both sides: BERT MLM on 15% of the tokens (80/10/10) + NSP, fp32, dropout 0.1
+(hidden and attention probabilities), AdamW (lr 1e-4, wd 0.01) with clipping at 1.0, the same
+batches of real demo-corpus text (SEGMENT-PAIR + NSP rows, BERT uncased vocab of 30,522).
+HF gets the batches already corrupted by our rules; ours corrupts on device inside its step.
+Every system runs in its own process (bench/systems.py), timed in interleaved rounds
+(A B C, C B A, ...); the table shows medians, and "vs HF" is the median of the per-round
+ratios, so drift of the shared machine cancels. tokens/s counts every slot of B x T.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+
+from absl import app, flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench import systems  # noqa: E402
+
+_SIZES = flags.DEFINE_list("sizes", ["mini", "base"], "Model sizes (encoder_jax SIZES keys).")
+_BATCH = flags.DEFINE_list("batch_sizes", ["32", "8"], "Batch size per size (same order).")
+_SEQ = flags.DEFINE_integer("seq_len", 128, "Tokens per row.")
+_ROUNDS = flags.DEFINE_integer("rounds", 5, "Interleaved rounds (median over rounds).")
+_STEPS = flags.DEFINE_integer("steps", 2, "Steps per system per round.")
+_QUICK = flags.DEFINE_bool("quick", False, "3 rounds of 1 step: a smoke check, ~2 min.")
+_ELECTRA = flags.DEFINE_bool("electra", True, "Also time our ELECTRA step (gen 1/4 width, RTD).")
+_HF = flags.DEFINE_bool("hf", True, "Time the HF torch peer (the ratio needs it).")
+_THREADS = flags.DEFINE_integer("threads", 2, "torch.set_num_threads for the HF peer.")
+_SCAN = flags.DEFINE_bool("scan_layers", True, "Our encoder: nnx.scan over layers.")
+_REMAT = flags.DEFINE_enum("remat_policy", "none", ["none", "full", "dots", "dots_no_batch"],
+                           "Our encoder: rematerialisation policy per block.")
+_ATTN_DROP = flags.DEFINE_float("attention_dropout", 0.1, "Attention-probability dropout "
+                                "(both systems; BERT uses 0.1).")
+_HF_ATTN = flags.DEFINE_enum("hf_attn", "sdpa", ["sdpa", "eager"], "HF attn_implementation.")
+_HF_ADAMW = flags.DEFINE_enum("hf_adamw", "default", ["default", "foreach", "fused"],
+                              "torch AdamW implementation for the peer.")
+_XLA_FLAGS = flags.DEFINE_string("xla_flags", "", "Extra XLA_FLAGS for our workers.")
+_VARIANTS = flags.DEFINE_multi_string(
+    "variant", [], "LABEL:FIELD=VALUE[;FIELD=VALUE...]: adds a row of our MLM+NSP step with "
+    "these bench.systems.StepSpec fields changed, timed in the same interleaved rounds (a "
+    "before/after of one change). Fields: remat_policy, scan_layers, attention_dropout, dtype, "
+    "xla_flags, src (a directory holding another revision's encoder_jax/, e.g. from `git "
+    "archive HEAD~1 encoder_jax | tar -x -C /tmp/old`). Repeatable. Example: "
+    "--variant='remat dots:remat_policy=dots' --variant='O1:xla_flags="
+    "--xla_backend_optimization_level=1'")
+_MFU = flags.DEFINE_bool("mfu", True, "Print MFU: model GFLOP/s over this CPU's fp32 matmul "
+                         "rate, measured (2048^2, jax) after every round under the same load.")
+
+
+def _flops(spec: systems.StepSpec) -> float:
+  from encoder_jax.model.electra import generator_config
+  from encoder_jax.train import flops
+  cfg = systems.model_config(spec)
+  common = dict(batch_size=spec.batch_size, seq_len=spec.seq_len)
+  if spec.system == "hf":  # HF's head projects every position onto the vocabulary
+    return flops.train_flops_per_step(cfg, objective="mlm", sparse_mlm=False, nsp=True, **common)
+  if spec.objective == "mlm":
+    return flops.train_flops_per_step(cfg, objective="mlm", nsp=spec.nsp,
+                                      max_predictions=systems.max_predictions(spec.seq_len),
+                                      **common)
+  return flops.train_flops_per_step(cfg, objective="electra", generator=generator_config(cfg),
+                                    max_predictions=systems.max_predictions(spec.seq_len),
+                                    **common)
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+  """'LABEL:FIELD=VALUE;FIELD=VALUE' -> (label, {field: typed value})."""
+  import dataclasses
+  label, _, body = text.partition(":")
+  if not label or not body:
+    raise app.UsageError(f"--variant={text!r}: expected LABEL:FIELD=VALUE[;FIELD=VALUE].")
+  types = {f.name: type(f.default) for f in dataclasses.fields(systems.StepSpec)}
+  out = {}
+  for item in body.split(";"):
+    key, _, value = item.partition("=")
+    key = key.strip()
+    if key not in types or key in ("system", "size", "batch_size", "seq_len", "tag"):
+      raise app.UsageError(f"--variant field {key!r} is not a changeable StepSpec field.")
+    t = types[key]
+    out[key] = (value.lower() in ("1", "true", "yes") if t is bool else
+                value if t in (str, type(None)) else t(value))
+  return label, out
+
+
+def specs_for(size: str, batch: int) -> dict[str, systems.StepSpec]:
+  base = dict(size=size, batch_size=batch, seq_len=_SEQ.value, threads=_THREADS.value,
+              scan_layers=_SCAN.value, remat_policy=_REMAT.value,
+              attention_dropout=_ATTN_DROP.value, hf_attn=_HF_ATTN.value,
+              hf_adamw=_HF_ADAMW.value, xla_flags=_XLA_FLAGS.value)
+  out = {}
+  if _HF.value:
+    out["hf"] = systems.StepSpec(system="hf", **base)
+  out["ours_mlm"] = systems.StepSpec(system="ours", objective="mlm", nsp=True, **base)
+  if _ELECTRA.value:
+    out["ours_electra"] = systems.StepSpec(system="ours", objective="electra", nsp=False, **base)
+  for text in _VARIANTS.value:
+    label, changes = parse_variant(text)
+    out[f"variant {label}"] = systems.StepSpec(
+        system="ours", objective="mlm", nsp=True, tag=f" [{label}]", **{**base, **changes})
+  return out
+
+
+def run_size(size: str, batch: int, rounds: int, steps: int) -> list[dict]:
+  specs = specs_for(size, batch)
+  t0 = time.perf_counter()
+  batches = systems.load_batches(batch, _SEQ.value, n=4)
+  hf_b = systems.hf_batches(batches, _SEQ.value) if "hf" in specs else None
+  workers = {}
+  try:
+    for name, spec in specs.items():
+      workers[name] = systems.Worker(spec, hf_b if spec.system == "hf" else batches,
+                                     wait=False)  # build all at once: compiles overlap
+    for w in workers.values():
+      w.wait_ready()
+    print(f"{size} B{batch}x{_SEQ.value}: workers ready in {time.perf_counter() - t0:.0f} s; "
+          f"{rounds} rounds x {steps} steps")
+    load0 = systems.loadavg()
+    peaks = []
+    between = (lambda: peaks.append(systems.matmul_peak())) if _MFU.value else None
+    wall, cpu = systems.interleaved(workers, rounds, steps, between=between)
+    infos = {n: w.info() for n, w in workers.items()}
+  finally:
+    for w in workers.values():
+      w.close()
+  rows = []
+  for name, spec in specs.items():
+    tps = [spec.tokens_per_step / s for s in wall[name]]
+    row = dict(size=size, batch=f"{batch}x{_SEQ.value}", name=name, label=spec.label,
+               step_s=statistics.median(wall[name]), tps=statistics.median(tps),
+               cpu_tps=statistics.median(spec.tokens_per_step / c for c in cpu[name]),
+               spread=(max(tps) - min(tps)) / statistics.median(tps), flops=_flops(spec),
+               info=infos[name], load=f"{load0} -> {systems.loadavg()}",
+               peak=statistics.median(peaks) if peaks else None)
+    if "hf" in wall:
+      row["ratio"] = statistics.median(h / s for s, h in zip(wall[name], wall["hf"]))
+      row["cpu_ratio"] = statistics.median(h / c for c, h in zip(cpu[name], cpu["hf"]))
+    rows.append(row)
+  return rows
+
+
+def print_table(rows: list[dict], rounds: int, steps: int):
+  print(f"\ntrain step, {time.strftime('%Y-%m-%d')}, this CPU ({os.cpu_count()} cores, shared), "
+        f"fp32, dropout 0.1, AdamW + clip 1.0; median of {rounds} interleaved rounds x {steps} "
+        "steps")
+  head = (f"{'size':5s} {'batch':7s} {'system':36s} {'tokens/s':>9s} {'vs HF':>6s} "
+          f"{'spread':>6s} {'tok/cpu-s':>9s} {'vs HF':>6s} {'GFLOP/step':>10s} {'GFLOP/s':>8s}")
+  peak = any(r["peak"] for r in rows)
+  if peak:
+    head += f" {'MFU':>5s}"
+  print(head)
+  print("-" * len(head))
+  for r in rows:
+    ratio = f"{r['ratio']:5.2f}x" if "ratio" in r else "     -"
+    cpu_ratio = f"{r['cpu_ratio']:5.2f}x" if "cpu_ratio" in r else "     -"
+    gflops = r["flops"] / r["step_s"] / 1e9
+    line = (f"{r['size']:5s} {r['batch']:7s} {r['label']:36s} {r['tps']:9,.0f} {ratio:>6s} "
+            f"{r['spread']:6.0%} {r['cpu_tps']:9,.0f} {cpu_ratio:>6s} {r['flops'] / 1e9:10.1f} "
+            f"{gflops:8.1f}")
+    if r["peak"]:
+      line += f" {gflops * 1e9 / r['peak']:5.0%}"
+    print(line)
+  for size, load, pk in sorted({(r["size"], r["load"], r["peak"] or 0) for r in rows}):
+    print(f"{size}: load average (1/5/15 min) {load} over the rounds" +
+          (f"; fp32 matmul rate {pk / 1e9:.0f} GFLOP/s (median after each round; ~208 "
+           "on the idle machine)" if pk else ""))
+  print("Notes: 'vs HF' = median over rounds of the per-round ratio (wall tokens/s; then tokens per "
+        "CPU-second of the\n  worker process, all its threads). Both sides do MLM on 15% of the "
+        "tokens + NSP; HF projects all T positions\n  onto the 30,522-word vocabulary (its design), "
+        "ours only the max_predictions masked slots (sparse prediction).\n  GFLOP/step counts each "
+        "system's own matmuls (6N convention, encoder_jax.train.flops). ELECTRA = generator of\n  "
+        "1/4 width + discriminator with RTD at every position, no NSP: not the same work as HF.")
+
+
+def main(argv):
+  del argv
+  rounds, steps = (3, 1) if _QUICK.value else (_ROUNDS.value, _STEPS.value)
+  batches = [int(b) for b in _BATCH.value]
+  if len(batches) < len(_SIZES.value):
+    raise app.UsageError(f"--batch_sizes needs one entry per size in --sizes={_SIZES.value}.")
+  rows = []
+  for size, batch in zip(_SIZES.value, batches):
+    rows += run_size(size, batch, rounds, steps)
+  print_table(rows, rounds, steps)
+  for r in rows:
+    i = r["info"]
+    extra = ""
+    if "compile_s" in i:
+      extra = (f"compile + first step {i['compile_s']:.0f} s, state donated: {i['donated']}, "
+               f"host transfers in the step: {i['host_transfer']}, host callbacks: "
+               f"{i['host_callbacks']}, ")
+    print(f"  {r['size']} {r['label']}: {extra}peak RSS {i['peak_rss'] / 2**30:.2f} GiB, "
+          f"last loss {i['loss']:.3f}")
+
+
+if __name__ == "__main__":
+  app.run(main)
