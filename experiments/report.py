@@ -1,0 +1,250 @@
+"""Aggregates a grid's runs into results.csv, results.md and PNG plots.
+
+  rows = collect(grid, workdir)            # one dict per point, from files only
+  write_report(grid, workdir, out_dir)     # results.csv, results.md, loss_vs_flops.png,
+                                           # downstream_vs_flops.png (grids with fine-tuning)
+
+Reads only what runs leave on disk (pretrain/summary.json, pretrain/metrics.jsonl,
+ft_<task>/results.json), so a report can be regenerated at any time, also from a partial
+grid (unfinished points show as such) or from runs copied back from a pod.
+
+Downstream scores: each task's "test/score" (accuracy for the demo tasks; the task's main
+metric otherwise), median over fine-tuning seeds with min-max spread, as ELECTRA reports
+medians over many seeds.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import pathlib
+import statistics
+from typing import Any, Sequence
+
+from experiments import runner
+from experiments.grid import Grid, Point
+
+SCORE_KEYS = ("test/score", "validation/score", "dev/score")
+
+
+def _read_json(path: pathlib.Path) -> dict | None:
+  try:
+    return json.loads(path.read_text())
+  except (FileNotFoundError, json.JSONDecodeError):
+    return None
+
+
+def read_curves(pdir: pathlib.Path) -> list[dict]:
+  path = pdir / "pretrain" / "metrics.jsonl"
+  if not path.exists():
+    return []
+  rows = []
+  for line in path.read_text().splitlines():
+    try:
+      rows.append(json.loads(line))
+    except json.JSONDecodeError:  # a line cut by a kill
+      continue
+  return rows
+
+
+def curve(grid: Grid, point: Point, rows: list[dict], split: str = "train"):
+  """(key, [(flops, value)]) of the first of grid.curve_keys this point logged."""
+  rows = [r for r in rows if r.get("split") == split]
+  for key in grid.curve_keys:
+    pts = [(r["step"] * point.flops_per_step, r[key]) for r in rows if key in r]
+    if pts:
+      return key, pts
+  return None, []
+
+
+def seed_scores(results: dict) -> tuple[str, list[float]]:
+  """The per-seed scores of a fine-tuning results.json (first SCORE_KEYS key present)."""
+  for key in SCORE_KEYS:
+    split, metric = key.split("/")
+    vals = []
+    for run in results.get("runs", []):
+      m = run.get("test") if split == "test" else run.get("dev", {}).get(split)
+      if m and metric in m:
+        vals.append(float(m[metric]))
+    if vals:
+      return key, vals
+  return "", []
+
+
+def collect(grid: Grid, workdir, points: Sequence[Point] | None = None) -> list[dict[str, Any]]:
+  """One row per point: labels, status, steps, FLOPs, final losses, downstream medians."""
+  out = []
+  for point in points or grid.points:
+    pdir = runner.point_dir(workdir, point)
+    summary = _read_json(pdir / "pretrain" / "summary.json") or {}
+    rows = read_curves(pdir)
+    row: dict[str, Any] = dict(point.labels)
+    row["point"] = point.name
+    row["status"] = runner.status(workdir, point)
+    row["steps"] = summary.get("steps", max((r["step"] for r in rows), default=0))
+    row["planned_steps"] = point.steps
+    row["flops"] = row["steps"] * point.flops_per_step
+    key, pts = curve(grid, point, rows, "train")
+    row["curve_key"] = key or ""
+    row["final_train_curve"] = pts[-1][1] if pts else math.nan
+    ekey, epts = curve(grid, point, rows, "eval")
+    row["final_eval_curve"] = epts[-1][1] if epts else math.nan
+    final_eval = summary.get("final_eval") or {}
+    for k in ("mlm_accuracy", "main_accuracy", "gen_accuracy", "disc_accuracy", "nsp_accuracy"):
+      if k in final_eval:
+        row[f"eval_{k}"] = final_eval[k]
+    if (grid.stall_loss is not None and row["status"] == "done"
+        and not row["final_eval_curve"] < grid.stall_loss):
+      row["status"] = "stalled"
+    row["wall_s"] = summary.get("total_wall_s", math.nan)
+    for job in point.finetune:
+      res = _read_json(pdir / job.dirname / "results.json")
+      skey, vals = seed_scores(res or {})
+      name = job.task.replace("/", "_")
+      row[f"{name}_median"] = statistics.median(vals) if vals else math.nan
+      row[f"{name}_min"] = min(vals) if vals else math.nan
+      row[f"{name}_max"] = max(vals) if vals else math.nan
+      row[f"{name}_seeds"] = len(vals)
+      row[f"{name}_metric"] = skey
+    out.append(row)
+  return out
+
+
+def write_csv(rows: list[dict], path: pathlib.Path) -> None:
+  keys: list[str] = []
+  for r in rows:
+    keys += [k for k in r if k not in keys]
+  with open(path, "w", newline="") as f:
+    w = csv.DictWriter(f, fieldnames=keys)
+    w.writeheader()
+    for r in rows:
+      w.writerow({k: r.get(k, "") for k in keys})
+
+
+def _fmt(v: Any) -> str:
+  if isinstance(v, float):
+    if math.isnan(v):
+      return "–"
+    if abs(v) >= 1e5:
+      return f"{v:.3g}"
+    return f"{v:.4f}"
+  return str(v)
+
+
+def markdown(grid: Grid, rows: list[dict]) -> str:
+  axes = list(grid.points[0].labels) if grid.points else []
+  tasks = [j.task.replace("/", "_") for j in (grid.points[0].finetune if grid.points else ())]
+  head = axes + ["status", "steps", "train FLOPs", "final train loss", "final eval loss"]
+  extra = [k for k in ("eval_mlm_accuracy", "eval_disc_accuracy", "eval_main_accuracy",
+                       "eval_nsp_accuracy") if any(k in r for r in rows)]
+  head += [k.replace("eval_", "eval ").replace("_", " ") for k in extra]
+  head += [f"{t} (median [min, max], n)" for t in tasks]
+  lines = [f"### {grid.title}", "", "| " + " | ".join(head) + " |",
+           "|" + "---|" * len(head)]
+  for r in rows:
+    cells = [r[a] for a in axes] + [r["status"], str(r["steps"]), f"{r['flops']:.3g}",
+                                    _fmt(r["final_train_curve"]), _fmt(r["final_eval_curve"])]
+    cells += [_fmt(r.get(k, math.nan)) for k in extra]
+    for t in tasks:
+      n = r.get(f"{t}_seeds", 0)
+      cells.append(f"{r[f'{t}_median']:.4f} [{r[f'{t}_min']:.4f}, {r[f'{t}_max']:.4f}], {n}"
+                   if n else "–")
+    lines.append("| " + " | ".join(map(str, cells)) + " |")
+  keys = sorted({r["curve_key"] for r in rows if r["curve_key"]})
+  lines += ["", f"Loss columns: {', '.join(keys) or '–'} (the curve each point logs: mlm_loss "
+            "for MLM, the discriminator's main_loss for Replace-MLM, the generator's gen_loss "
+            "for ELECTRA; RTD losses are not on the MLM scale). Downstream: "
+            "test accuracy, median over fine-tuning seeds."]
+  return "\n".join(lines)
+
+
+def plot_loss(grid: Grid, workdir, path: pathlib.Path, points=None) -> None:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  points = list(points or grid.points)
+  facets: dict[tuple, list[Point]] = {}
+  for p in points:
+    facets.setdefault(tuple(p.labels[a] for a in grid.facet), []).append(p)
+  n = len(facets)
+  cols = min(n, 3)
+  rows_n = math.ceil(n / cols)
+  fig, axes = plt.subplots(rows_n, cols, figsize=(5 * cols, 3.6 * rows_n), squeeze=False,
+                           sharex=True, sharey=True)
+  for ax, (fkey, fpoints) in zip(axes.flat, facets.items()):
+    for p in fpoints:
+      rows = read_curves(runner.point_dir(workdir, p))
+      key, pts = curve(grid, p, rows, "train")
+      if not pts:
+        continue
+      label = ",".join(f"{k}={v}" for k, v in p.labels.items() if k not in grid.facet)
+      label += f" ({key})" if len(grid.curve_keys) > 1 else ""
+      xs, ys = zip(*pts)
+      line, = ax.plot(xs, ys, label=label or p.name, lw=1.3)
+      st = runner.status(workdir, p)
+      if st == "diverged":
+        ax.plot(xs[-1], ys[-1], "x", color=line.get_color(), ms=10, mew=2)
+        ax.annotate("diverged", (xs[-1], ys[-1]), fontsize=8, color=line.get_color())
+    if grid.stall_loss is not None:
+      ax.axhline(grid.stall_loss, color="grey", ls=":", lw=1)
+    if grid.facet:
+      ax.set_title(", ".join(f"{a}={v}" for a, v in zip(grid.facet, fkey)), fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+  for ax in axes[-1]:
+    ax.set_xlabel("training FLOPs")
+  for ax in axes[:, 0]:
+    ax.set_ylabel("train loss")
+  for ax in list(axes.flat)[n:]:
+    ax.set_visible(False)
+  fig.suptitle(f"{grid.title}: pre-training loss vs FLOPs")
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def plot_downstream(grid: Grid, rows: list[dict], path: pathlib.Path) -> bool:
+  """Downstream median (seed min-max as error bars) vs pre-training FLOPs, one panel per task."""
+  tasks = [j.task.replace("/", "_") for j in (grid.points[0].finetune if grid.points else ())]
+  if not tasks:
+    return False
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.8), squeeze=False)
+  for ax, t in zip(axes[0], tasks):
+    for i, r in enumerate(rows):
+      if not r.get(f"{t}_seeds"):
+        continue
+      med = r[f"{t}_median"]
+      err = [[med - r[f"{t}_min"]], [r[f"{t}_max"] - med]]
+      # equal-FLOPs grids put every point at one x: spread them a little to keep them legible
+      x = r["flops"] * (1 + 0.01 * (i - (len(rows) - 1) / 2))
+      ax.errorbar([x], [med], yerr=err, fmt="o", capsize=4,
+                  label=",".join(f"{k}={v}" for k, v in
+                                 zip(grid.points[0].labels, [r[a] for a in grid.points[0].labels])))
+    ax.set_title(f"{t}: test accuracy (median, min-max over seeds)", fontsize=10)
+    ax.set_xlabel("pre-training FLOPs")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return True
+
+
+def write_report(grid: Grid, workdir, out_dir, points=None) -> dict[str, pathlib.Path]:
+  out = pathlib.Path(out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  rows = collect(grid, workdir, points)
+  files = {"csv": out / "results.csv", "md": out / "results.md",
+           "loss_png": out / "loss_vs_flops.png"}
+  write_csv(rows, files["csv"])
+  md = markdown(grid, rows)
+  if grid.anchor:
+    md += f"\n\nPublished finding: {grid.anchor}\n"
+  files["md"].write_text(md + "\n")
+  plot_loss(grid, workdir, files["loss_png"], points)
+  if plot_downstream(grid, rows, out / "downstream_vs_flops.png"):
+    files["downstream_png"] = out / "downstream_vs_flops.png"
+  return files

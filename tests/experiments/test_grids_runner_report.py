@@ -1,0 +1,259 @@
+"""experiments/: grid expansion, the runner's resume/skip logic, launch lines, and aggregation
+on small fabricated result files (no training here: the runner's `execute` is faked)."""
+import csv
+import json
+import math
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from experiments import grids, report, runner
+from experiments.grid import FinetuneJob, Grid, PointSpec, expand, flops_per_step, \
+    resolve_config
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+# ------------------------------------------------------------------ grid expansion
+
+
+def test_expand_is_the_cartesian_product_in_axis_order_with_skips():
+  pts = expand({"norm": ["post", "pre"], "lr": [1e-4, 1e-3]},
+               lambda v: None if (v["norm"], v["lr"]) == ("pre", 1e-3) else PointSpec(
+                   f"size=tiny,norm={v['norm']}", {"optim.learning_rate": v["lr"],
+                                                   "train.steps": 10}))
+  assert [p.name for p in pts] == ["norm=post,lr=0.0001", "norm=post,lr=0.001",
+                                   "norm=pre,lr=0.0001"]
+  assert pts[1].labels == {"norm": "post", "lr": "0.001"}
+  cfg = pts[2].config()
+  assert cfg.model.norm_first and cfg.optim.learning_rate == 1e-4 and cfg.train.steps == 10
+  assert pts[0].pretrain_flags() == ["--config=configs/pretrain.py:size=tiny,norm=post",
+                                     "--config.optim.learning_rate=0.0001",
+                                     "--config.train.steps=10"]
+
+
+def test_bad_grids_are_refused():
+  with pytest.raises(ValueError, match="no values"):
+    expand({"lr": []}, lambda v: PointSpec("size=tiny"))
+  with pytest.raises(ValueError, match="no such config field"):
+    resolve_config("size=tiny", {"optim.learnin_rate": 1.0})
+  with pytest.raises(ValueError, match="directory name"):
+    expand({"w": ["10%"]}, lambda v: PointSpec("size=tiny", {"train.steps": 1}))
+  p = expand({"a": ["x"]}, lambda v: PointSpec("size=tiny", {"train.steps": 1}))[0]
+  with pytest.raises(ValueError, match="duplicate"):
+    Grid("g", "t", (p, p))
+  with pytest.raises(ValueError, match="matches no point"):
+    Grid("g", "t", (p,)).select("nomatch")
+
+
+@pytest.mark.parametrize("scale", grids.SCALES)
+def test_electra_grid_is_at_equal_flops(scale):
+  g = grids.electra_vs_mlm(scale)
+  assert [p.labels["objective"] for p in g.points] == ["mlm", "electra", "electra_15",
+                                                      "replace_mlm"]
+  budget = g.points[0].config().train.flops_budget
+  for p in g.points:
+    assert p.config().train.flops_budget == budget
+    # the step count spends the budget, to within one step
+    assert budget <= p.total_flops < budget + p.flops_per_step
+    assert p.flops_per_step == flops_per_step(p.config())
+  # ELECTRA's generator (1/4 width) and RTD head cost differ from MLM's: steps differ
+  assert len({p.steps for p in g.points}) > 1
+
+
+def test_nsp_grid_formats_and_equal_tokens():
+  g = grids.nsp_formats("demo")
+  cfgs = {p.labels["format"]: p.config() for p in g.points}
+  assert cfgs["segment_pair+nsp"].objective.sentence_task == "nsp"
+  assert cfgs["full_sentences"].objective.sentence_task == "none"
+  assert cfgs["doc_sentences"].data.format == "doc_sentences"
+  # half-full SENTENCE-PAIR rows get twice the batch at 128 tokens (RoBERTa kept tokens equal)
+  assert cfgs["sentence_pair+nsp"].data.batch_size == 2 * cfgs["full_sentences"].data.batch_size
+  assert len({c.train.steps for c in cfgs.values()}) == 1
+
+
+def test_norm_grid_is_lr_x_warmup_x_norm_at_six_layers():
+  g = grids.norm_lr_warmup("demo")
+  assert len(g.points) == 3 * 2 * 2
+  cfg = g.select("lr=0.001,warmup=0,norm=post")[0].config()
+  assert cfg.model.num_layers == 6 and not cfg.model.norm_first
+  assert cfg.optim.warmup_steps == 0 and cfg.optim.learning_rate == 1e-3
+  pre = g.select(r"lr=0.0003,warmup=10pct,norm=pre")[0].config()
+  assert pre.model.norm_first and pre.optim.warmup_steps == pre.train.steps // 10
+
+
+# ------------------------------------------------------------------ runner: resume and skip
+
+
+def _tiny_grid(finetune=(FinetuneJob("rotten_tomatoes", seeds=2),)):
+  return Grid("g", "a test grid", expand(
+      {"objective": ["mlm", "electra"]},
+      lambda v: PointSpec(f"size=tiny,objective={v['objective']}",
+                          {"train.steps": 8, "data.max_length": 16, "data.batch_size": 2},
+                          finetune)))
+
+
+class FakeExecutor:
+  """Stands in for the subprocesses: writes what encoder_jax.main / finetune.main would."""
+
+  def __init__(self, diverge=(), fail_once=(), crash_pretrain=()):
+    self.calls, self.diverge, self.fail_once = [], set(diverge), set(fail_once)
+    self.crash_pretrain = set(crash_pretrain)
+
+  def __call__(self, cmd, log):
+    self.calls.append(cmd)
+    wd = pathlib.Path(next(a for a in cmd if a.startswith("--workdir="))[10:])
+    wd.mkdir(parents=True, exist_ok=True)
+    point = wd.parent.name
+    if cmd[2] == "encoder_jax.main":
+      if point in self.crash_pretrain:  # killed mid-run: a checkpoint, no summary
+        (wd / "checkpoints" / "4").mkdir(parents=True, exist_ok=True)
+        self.crash_pretrain.discard(point)
+        return -9
+      reason = "non_finite" if point in self.diverge else "steps"
+      rows = [dict(step=s, split="train", loss=9.0 - s / 4, mlm_loss=9.0 - s / 4)
+              for s in (4, 8)] + [dict(step=8, split="eval", loss=7.1, mlm_loss=7.1)]
+      (wd / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+      (wd / "summary.json").write_text(json.dumps(dict(
+          steps=8, stop_reason=reason, total_wall_s=3.0,
+          final_eval=dict(mlm_accuracy=0.25))))
+      return 1 if reason == "non_finite" else 0
+    if point in self.fail_once:
+      self.fail_once.discard(point)
+      return 1
+    seeds = int(next(a for a in cmd if a.startswith("--config.seeds="))[15:])
+    runs = [dict(test=dict(accuracy=0.6 + 0.1 * s, score=0.6 + 0.1 * s), dev={})
+            for s in range(seeds)]
+    (wd / "results.json").write_text(json.dumps(dict(runs=runs)))
+    return 0
+
+
+def test_runner_runs_everything_once_then_skips(tmp_path):
+  grid, fake = _tiny_grid(), FakeExecutor()
+  out = runner.run_grid(grid, tmp_path, execute=fake, echo=lambda s: None)
+  assert out == {"objective=mlm": "done", "objective=electra": "done"}
+  assert [c[2] for c in fake.calls] == ["encoder_jax.main", "encoder_jax.finetune.main"] * 2
+  assert any("--config.seeds=2" in a for a in fake.calls[1])
+  assert any(a.startswith("--config=configs/finetune.py:task=rotten_tomatoes,init=ckpt:")
+             and a.endswith("objective=mlm/pretrain/checkpoints,run=small") for a in fake.calls[1])
+  n = len(fake.calls)
+  again = runner.run_grid(grid, tmp_path, execute=fake, echo=lambda s: None)
+  assert again == out and len(fake.calls) == n  # nothing re-ran
+
+
+def test_killed_point_resumes_and_failed_finetune_is_redone(tmp_path):
+  grid = _tiny_grid()
+  fake = FakeExecutor(crash_pretrain={"objective=mlm"})
+  with pytest.raises(RuntimeError, match="Re-run the same command to resume"):
+    runner.run_grid(grid, tmp_path, execute=fake, echo=lambda s: None)
+  assert runner.status(tmp_path, grid.points[0]) == "partial"
+  assert runner.status(tmp_path, grid.points[1]) == "todo"
+  fake.fail_once = {"objective=electra"}
+  with pytest.raises(RuntimeError, match="fine-tuning objective=electra"):
+    runner.run_grid(grid, tmp_path, execute=fake, echo=lambda s: None)
+  # the resumed pre-training ran again with the same workdir (the trainer restores from it)
+  pre = [c for c in fake.calls if c[2] == "encoder_jax.main"]
+  assert pre[0] == pre[1]
+  n_pre = len(pre)
+  out = runner.run_grid(grid, tmp_path, execute=fake, echo=lambda s: None)
+  assert out == {"objective=mlm": "done", "objective=electra": "done"}
+  # the finished pre-training of objective=electra was not redone, only its fine-tuning
+  assert len([c for c in fake.calls if c[2] == "encoder_jax.main"]) == n_pre
+  assert fake.calls[-1][2] == "encoder_jax.finetune.main"
+
+
+def test_diverged_point_is_a_result_and_is_not_finetuned(tmp_path):
+  grid = _tiny_grid()
+  fake = FakeExecutor(diverge={"objective=electra"})
+  out = runner.run_grid(grid, tmp_path, execute=fake, echo=lambda s: None)
+  assert out["objective=electra"] == "diverged"
+  assert [c[2] for c in fake.calls].count("encoder_jax.finetune.main") == 1
+
+
+def test_changed_point_definition_is_refused_then_redone_on_request(tmp_path):
+  fake = FakeExecutor()
+  runner.run_grid(_tiny_grid(), tmp_path, execute=fake, echo=lambda s: None,
+                  points=_tiny_grid().points[:1])
+  # same name, more seeds: finished work of another definition must not be silently reused
+  changed = _tiny_grid(finetune=(FinetuneJob("rotten_tomatoes", seeds=3),))
+  (tmp_path / "objective=mlm" / "ft_rotten_tomatoes" / "results.json").unlink()
+  with pytest.raises(RuntimeError, match="different definition"):
+    runner.run_grid(changed, tmp_path, execute=fake, echo=lambda s: None,
+                    points=changed.points[:1])
+  assert (tmp_path / "objective=mlm" / "pretrain" / "summary.json").exists()  # untouched
+  out = runner.run_grid(changed, tmp_path, execute=fake, echo=lambda s: None,
+                        points=changed.points[:1], rerun_changed=True)
+  assert out == {"objective=mlm": "done"}
+
+
+def test_keep_going_reports_a_failure_and_continues(tmp_path):
+  fake = FakeExecutor(fail_once={"objective=mlm"})
+  out = runner.run_grid(_tiny_grid(), tmp_path, execute=fake, echo=lambda s: None,
+                        keep_going=True)
+  assert out == {"objective=mlm": "partial", "objective=electra": "done"}
+
+
+def test_launch_lines_for_pod_and_slurm():
+  g = grids.electra_vs_mlm("base", "files:gs://b/wiki/*.txt")
+  pod = runner.launch_commands(g, "runs/x", "tpu_pod")
+  pre = [l for l in pod if "launch/tpu_pod.sh train" in l]
+  assert len(pre) == 4 and all("data.source=files:gs://b/wiki/*.txt" in l for l in pre)
+  assert any("init=ckpt:$BUCKET/runs/electra_vs_mlm.objective=electra/checkpoints" in l
+             for l in pod)
+  slurm = runner.launch_commands(g, "runs/x", "slurm")
+  assert sum("sbatch --parsable" in l for l in slurm) == 4
+  assert sum("--dependency=afterok:$jid" in l for l in slurm) == 4 * 9
+  with pytest.raises(ValueError, match="launcher"):
+    runner.launch_commands(g, "runs/x", "k8s")
+
+
+# ------------------------------------------------------------------ aggregation
+
+
+def test_report_aggregates_fabricated_runs(tmp_path):
+  grid = _tiny_grid()
+  runner.run_grid(grid, tmp_path / "runs", execute=FakeExecutor(diverge={"objective=electra"}),
+                  echo=lambda s: None)
+  files = report.write_report(grid, tmp_path / "runs", tmp_path / "out")
+  rows = list(csv.DictReader(open(files["csv"])))
+  assert [r["point"] for r in rows] == ["objective=mlm", "objective=electra"]
+  mlm, electra = rows
+  assert mlm["status"] == "done" and electra["status"] == "diverged"
+  assert float(mlm["flops"]) == pytest.approx(8 * grid.points[0].flops_per_step)
+  assert float(mlm["final_train_curve"]) == 7.0 and float(mlm["final_eval_curve"]) == 7.1
+  # two seeds scored 0.6 and 0.7: median 0.65, spread [0.6, 0.7]
+  assert float(mlm["rotten_tomatoes_median"]) == pytest.approx(0.65)
+  assert float(mlm["rotten_tomatoes_min"]) == pytest.approx(0.6)
+  assert int(mlm["rotten_tomatoes_seeds"]) == 2 and electra["rotten_tomatoes_seeds"] == "0"
+  md = files["md"].read_text()
+  assert "| mlm | done | 8 |" in md and "0.6500 [0.6000, 0.7000], 2" in md
+  for key in ("loss_png", "downstream_png"):
+    assert files[key].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_stall_threshold_marks_runs_that_never_left_the_plateau(tmp_path):
+  g = _tiny_grid(finetune=())
+  g = Grid(g.name, g.title, g.points, stall_loss=7.0)  # the fake eval loss is 7.1
+  runner.run_grid(g, tmp_path, execute=FakeExecutor(), echo=lambda s: None)
+  assert {r["status"] for r in report.collect(g, tmp_path)} == {"stalled"}
+  g2 = Grid(g.name, g.title, g.points, stall_loss=7.5)
+  assert {r["status"] for r in report.collect(g2, tmp_path)} == {"done"}
+
+
+def test_report_of_an_unstarted_grid_shows_todo(tmp_path):
+  rows = report.collect(_tiny_grid(), tmp_path)
+  assert [r["status"] for r in rows] == ["todo", "todo"]
+  assert math.isnan(rows[0]["final_train_curve"])
+
+
+def test_cli_plan_and_status():
+  out = subprocess.run([sys.executable, "-m", "experiments.run", "--grid=electra_vs_mlm",
+                        "--scale=base", "--action=plan"], cwd=REPO, capture_output=True,
+                       text=True, check=True).stdout
+  assert "objective=replace_mlm" in out and "6.4e+19" in out and "v4-32" in out
+  help_text = subprocess.run([sys.executable, "-m", "experiments.run", "--helpfull"], cwd=REPO,
+                             capture_output=True, text=True).stdout
+  for flag in ("--grid", "--action", "--only", "--launcher", "keep_going", "--plan_mfu"):
+    assert flag in help_text
