@@ -32,6 +32,7 @@ from typing import Callable, Sequence
 from experiments.grid import FinetuneJob, Grid, Point
 
 FINISHED = ("steps", "flops_budget")
+REPO = pathlib.Path(__file__).resolve().parents[1]  # commands name configs/ relative to it
 DIVERGED = "non_finite"
 
 
@@ -121,7 +122,7 @@ def _run_logged(cmd: Sequence[str], log: pathlib.Path, echo: Callable[[str], Non
     f.write(f"\n$ {shlex.join(cmd)}\n")
     f.flush()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            bufsize=1)
+                            bufsize=1, cwd=REPO)
     for line in proc.stdout:
       f.write(line)
       if _is_progress(line):
@@ -144,7 +145,7 @@ def run_grid(grid: Grid, workdir, *, points: Sequence[Point] | None = None,
   """Runs every unfinished point in order; returns {point name: final status}.
 
   `execute(cmd, log_path) -> exit code` replaces the subprocess call (tests)."""
-  workdir = pathlib.Path(workdir)
+  workdir = pathlib.Path(workdir).resolve()
   points = list(points or grid.points)
   execute = execute or (lambda cmd, log: _run_logged(cmd, log, echo))
   final, t0 = {}, time.time()

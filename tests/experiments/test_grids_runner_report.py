@@ -76,7 +76,7 @@ def test_nsp_grid_formats_and_equal_tokens():
 
 def test_norm_grid_is_lr_x_warmup_x_norm_at_six_layers():
   g = grids.norm_lr_warmup("demo")
-  assert len(g.points) == 3 * 2 * 2
+  assert len(g.points) == 2 * 2 * 2
   cfg = g.select("lr=0.001,warmup=0,norm=post")[0].config()
   assert cfg.model.num_layers == 6 and not cfg.model.norm_first
   assert cfg.optim.warmup_steps == 0 and cfg.optim.learning_rate == 1e-3
@@ -257,3 +257,22 @@ def test_cli_plan_and_status():
                              capture_output=True, text=True).stdout
   for flag in ("--grid", "--action", "--only", "--launcher", "keep_going", "--plan_mfu"):
     assert flag in help_text
+
+
+def test_runner_end_to_end_with_real_subprocesses(tmp_path):
+  """One real point (a few steps of a 1-layer encoder on the demo corpus): the runner's
+  commands work as printed, the report reads what the trainer wrote, a re-run skips it."""
+  grid = Grid("e2e", "runner smoke", expand({"norm": ["pre"]}, lambda v: PointSpec(
+      f"size=tiny,norm={v['norm']}",
+      {"model.num_layers": 1, "data.max_length": 32, "data.batch_size": 4,
+       "train.steps": 6, "train.log_every": 2, "train.eval_every": 6, "train.eval_steps": 1,
+       "train.checkpoint_every": 3, "optim.warmup_steps": 2})))
+  lines = []
+  assert runner.run_grid(grid, tmp_path, echo=lines.append) == {"norm=pre": "done"}
+  assert any("step 6/6" in l for l in lines), lines
+  rows = report.collect(grid, tmp_path)
+  assert rows[0]["steps"] == 6 and rows[0]["final_eval_curve"] > 0
+  assert rows[0]["flops"] == pytest.approx(6 * grid.points[0].flops_per_step)
+  again = []
+  runner.run_grid(grid, tmp_path, echo=again.append)
+  assert again == ["[1/1] norm=pre: done, skipped"]
