@@ -195,7 +195,7 @@ def make_train_step(tr: Trainer, state_shardings=None, batch_shardings=None):
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = tr.tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics["grad_norm"] = optax.global_norm(grads)
+    metrics["grad_norm"] = optax.tree.norm(grads)
     metrics["learning_rate"] = jnp.asarray(tr.schedule(state.step), jnp.float32)
     return TrainState(state.step + 1, params, opt_state), metrics
 

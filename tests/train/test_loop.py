@@ -264,3 +264,16 @@ def test_bad_config_args():
   config.train.steps = 0
   with pytest.raises(ValueError, match="flops_budget"):
     loop.build(config)
+
+
+def test_logged_learning_rate_counts_updates_not_micro_batches():
+  """With accumulation over k micro-batches, call c runs with the lr of update c // k."""
+  cfg = pretrain.get_config("size=tiny")
+  cfg.optim.update(dict(accumulation_steps=2, warmup_steps=4, learning_rate=1e-3))
+  cfg.train.steps = 16
+  s = loop.build(cfg)
+  from encoder_jax.train.optim import learning_rate_schedule
+  updates = learning_rate_schedule(s.optim_cfg)
+  for call in range(16):
+    assert float(s.trainer.schedule(call)) == float(updates(call // 2))
+  assert float(s.trainer.schedule(3)) != float(updates(3))  # the old, micro-step reading
