@@ -92,7 +92,14 @@ def main(argv):
   points = grid.select(_ONLY.value)
   action = _ACTION.value
   if action == "plan":
-    print("\n".join(plan_lines(grid, _DEVICE.value, _MFU.value)))
+    text = "\n".join([f"### {grid.title} ({_SCALE.value} scale)", "",
+                      *plan_lines(grid, _DEVICE.value, _MFU.value), "",
+                      "Launch: `python -m experiments.run --grid=" + grid.name + " --scale="
+                      + _SCALE.value + " --action=launch --launcher=tpu_pod|slurm`"])
+    print(text)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "plan.md"), "w") as f:
+      f.write(text + "\n")
   elif action == "launch":
     print("\n".join(runner.launch_commands(grid, workdir, _LAUNCHER.value, points)))
   elif action == "status":

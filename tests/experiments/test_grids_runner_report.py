@@ -81,7 +81,7 @@ def test_norm_grid_is_lr_x_warmup_x_norm_at_six_layers():
   assert cfg.model.num_layers == 6 and not cfg.model.norm_first
   assert cfg.optim.warmup_steps == 0 and cfg.optim.learning_rate == 1e-3
   pre = g.select(r"lr=0.0003,warmup=10pct,norm=pre")[0].config()
-  assert pre.model.norm_first and pre.optim.warmup_steps == pre.train.steps // 10
+  assert pre.model.norm_first and pre.optim.warmup_steps == pre.optim.total_steps // 10
 
 
 # ------------------------------------------------------------------ runner: resume and skip
