@@ -188,6 +188,27 @@ def expand(axes: Mapping[str, Sequence[Any]],
   return tuple(points)
 
 
+def with_overrides(grid: Grid, extra: Mapping[str, Any], *, name: str) -> Grid:
+  """The same grid with `extra` config overrides on every point (a variant of a grid: longer
+  runs, another batch size, ...), named `name` so its runs and report stay apart."""
+  points = tuple(make_point(p.labels, PointSpec(p.pretrain_arg, {**p.overrides, **extra},
+                                                p.finetune)) for p in grid.points)
+  return dataclasses.replace(grid, name=name, points=points,
+                             title=f"{grid.title} [{', '.join(f'{k}={v}' for k, v in extra.items())}]")
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+  """'optim.learning_rate=1e-3' -> ('optim.learning_rate', 0.001): Python literals, else str."""
+  import ast
+  key, sep, value = text.partition("=")
+  if not sep or not key:
+    raise ValueError(f"--override={text!r}: expected KEY=VALUE, e.g. train.steps=600")
+  try:
+    return key, ast.literal_eval(value)
+  except (ValueError, SyntaxError):
+    return key, value
+
+
 def _label(v: Any) -> str:
   if isinstance(v, float):
     return f"{v:g}"

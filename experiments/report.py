@@ -167,7 +167,7 @@ def plot_loss(grid: Grid, workdir, path: pathlib.Path, points=None) -> None:
   for p in points:
     facets.setdefault(tuple(p.labels[a] for a in grid.facet), []).append(p)
   n = len(facets)
-  cols = min(n, 3)
+  cols = 2 if n == 4 else min(n, 3)
   rows_n = math.ceil(n / cols)
   fig, axes = plt.subplots(rows_n, cols, figsize=(5 * cols, 3.6 * rows_n), squeeze=False,
                            sharex=True, sharey=True)
@@ -191,8 +191,10 @@ def plot_loss(grid: Grid, workdir, path: pathlib.Path, points=None) -> None:
       ax.set_title(", ".join(f"{a}={v}" for a, v in zip(grid.facet, fkey)), fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-  for ax in axes[-1]:
-    ax.set_xlabel("training FLOPs")
+  for i, ax in enumerate(axes.flat):
+    if i >= n - cols:  # the lowest panel of each column
+      ax.set_xlabel("training FLOPs")
+      ax.xaxis.set_tick_params(labelbottom=True)
   for ax in axes[:, 0]:
     ax.set_ylabel("train loss")
   for ax in list(axes.flat)[n:]:

@@ -42,6 +42,11 @@ _LAUNCHER = flags.DEFINE_enum("launcher", "local", list(runner.LAUNCHERS),
 _DATA = flags.DEFINE_string("data_source", "", "--scale=base: the pre-training corpus "
                             "(configs/pretrain.py data.source, e.g. files:gs://b/wiki/*.txt "
                             "or tfds:<name>:<text_field>); empty keeps the config's default.")
+_OVERRIDE = flags.DEFINE_multi_string(
+    "override", [], "KEY=VALUE config override applied to every point (repeatable), e.g. "
+    "--override=data.batch_size=32 --override=train.steps=600; needs --tag.")
+_TAG = flags.DEFINE_string("tag", "", "Names a grid variant made with --override: runs go to "
+                           "experiments/runs/<grid>_<tag>, the report to results/<grid>_<tag>.")
 _KEEP_GOING = flags.DEFINE_bool("keep_going", False, "run: a failed point is reported and "
                                 "the next one starts (default: stop at the first failure).")
 _RERUN = flags.DEFINE_bool("rerun_changed", False, "run: redo points whose definition changed "
@@ -86,6 +91,12 @@ def main(argv):
   if not _GRID.value:
     raise app.UsageError("--grid is required; one of " + ", ".join(sorted(grids.GRIDS)))
   grid = grids.get_grid(_GRID.value, _SCALE.value, _DATA.value)
+  if _OVERRIDE.value:
+    if not _TAG.value:
+      raise app.UsageError("--override changes every point: name the variant with --tag.")
+    from experiments.grid import parse_override, with_overrides
+    grid = with_overrides(grid, dict(map(parse_override, _OVERRIDE.value)),
+                          name=f"{grid.name}_{_TAG.value}")
   suffix = "" if _SCALE.value == "demo" else f"_{_SCALE.value}"
   workdir = _WORKDIR.value or os.path.join(_REPO, "experiments", "runs", grid.name + suffix)
   out = _OUT.value or os.path.join(_REPO, "experiments", "results", grid.name + suffix)
@@ -94,7 +105,7 @@ def main(argv):
   if action == "plan":
     text = "\n".join([f"### {grid.title} ({_SCALE.value} scale)", "",
                       *plan_lines(grid, _DEVICE.value, _MFU.value), "",
-                      "Launch: `python -m experiments.run --grid=" + grid.name + " --scale="
+                      "Launch: `python -m experiments.run --grid=" + _GRID.value + " --scale="
                       + _SCALE.value + " --action=launch --launcher=tpu_pod|slurm`"])
     print(text)
     os.makedirs(out, exist_ok=True)

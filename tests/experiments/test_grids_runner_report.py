@@ -276,3 +276,19 @@ def test_runner_end_to_end_with_real_subprocesses(tmp_path):
   again = []
   runner.run_grid(grid, tmp_path, echo=again.append)
   assert again == ["[1/1] norm=pre: done, skipped"]
+
+
+def test_override_variant_changes_every_point_and_its_flops():
+  from experiments.grid import parse_override, with_overrides
+  assert parse_override("data.batch_size=32") == ("data.batch_size", 32)
+  assert parse_override("optim.learning_rate=1e-3") == ("optim.learning_rate", 1e-3)
+  assert parse_override("data.source=files:/x/*.txt") == ("data.source", "files:/x/*.txt")
+  with pytest.raises(ValueError, match="KEY=VALUE"):
+    parse_override("train.steps")
+  g = grids.norm_lr_warmup("demo")
+  v = with_overrides(g, {"data.batch_size": 32, "data.max_length": 128}, name="norm_long")
+  assert v.name == "norm_long" and [p.name for p in v.points] == [p.name for p in g.points]
+  for a, b in zip(g.points, v.points):
+    assert b.config().data.batch_size == 32 and b.config().optim.learning_rate == \
+        a.config().optim.learning_rate
+    assert b.flops_per_step > 3.9 * a.flops_per_step  # 4x the tokens per step
