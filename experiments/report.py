@@ -94,7 +94,8 @@ def collect(grid: Grid, workdir, points: Sequence[Point] | None = None) -> list[
     ekey, epts = curve(grid, point, rows, "eval")
     row["final_eval_curve"] = epts[-1][1] if epts else math.nan
     final_eval = summary.get("final_eval") or {}
-    for k in ("mlm_accuracy", "main_accuracy", "gen_accuracy", "disc_accuracy", "nsp_accuracy"):
+    for k in ("mlm_accuracy", "main_accuracy", "gen_accuracy", "disc_accuracy",
+              "disc_precision", "disc_recall", "nsp_accuracy"):
       if k in final_eval:
         row[f"eval_{k}"] = final_eval[k]
     if (grid.stall_loss is not None and row["status"] == "done"
@@ -139,7 +140,8 @@ def markdown(grid: Grid, rows: list[dict]) -> str:
   axes = list(grid.points[0].labels) if grid.points else []
   tasks = [j.task.replace("/", "_") for j in (grid.points[0].finetune if grid.points else ())]
   head = axes + ["status", "steps", "train FLOPs", "final train loss", "final eval loss"]
-  extra = [k for k in ("eval_mlm_accuracy", "eval_disc_accuracy", "eval_main_accuracy",
+  extra = [k for k in ("eval_mlm_accuracy", "eval_gen_accuracy", "eval_main_accuracy",
+                       "eval_disc_accuracy", "eval_disc_precision", "eval_disc_recall",
                        "eval_nsp_accuracy") if any(k in r for r in rows)]
   head += [k.replace("eval_", "eval ").replace("_", " ") for k in extra]
   for t in tasks:
@@ -220,20 +222,27 @@ def plot_downstream(grid: Grid, rows: list[dict], path: pathlib.Path) -> bool:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.8), squeeze=False)
+  axes_names = list(grid.points[0].labels)
+  flops = [r["flops"] for r in rows if r["flops"] > 0]
+  # An equal-compute grid puts every point at one FLOPs value: plot by point instead.
+  equal = bool(flops) and max(flops) <= 1.02 * min(flops)
   for ax, t in zip(axes[0], tasks):
     for i, r in enumerate(rows):
       if not r.get(f"{t}_seeds"):
         continue
       med = r[f"{t}_median"]
       err = [[med - r[f"{t}_min"]], [r[f"{t}_max"] - med]]
-      # equal-FLOPs grids put every point at one x: spread them a little to keep them legible
-      x = r["flops"] * (1 + 0.01 * (i - (len(rows) - 1) / 2))
-      ax.errorbar([x], [med], yerr=err, fmt="o", capsize=4,
-                  label=",".join(f"{k}={v}" for k, v in
-                                 zip(grid.points[0].labels, [r[a] for a in grid.points[0].labels])))
+      label = ",".join(f"{a}={r[a]}" for a in axes_names)
+      ax.errorbar([i if equal else r["flops"]], [med], yerr=err, fmt="o", capsize=4,
+                  label=label)
     metric = next((r[f"{t}_metric"] for r in rows if r.get(f"{t}_metric")), "score")
     ax.set_title(f"{t}: {metric} (median, min-max over seeds)", fontsize=10)
-    ax.set_xlabel("pre-training FLOPs")
+    if equal:
+      ax.set_xticks(range(len(rows)), [",".join(str(r[a]) for a in axes_names) for r in rows],
+                    fontsize=8, rotation=15)
+      ax.set_xlabel(f"every point at {statistics.median(flops):.3g} pre-training FLOPs")
+    else:
+      ax.set_xlabel("pre-training FLOPs")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
   fig.tight_layout()

@@ -121,7 +121,7 @@ def main(argv):
       os.chdir(_REPO)  # the commands name configs/ relative to the repo root
       runner.run_grid(grid, workdir, points=points, rerun_changed=_RERUN.value,
                       keep_going=_KEEP_GOING.value)
-    files = report.write_report(grid, workdir, out)
+    files = report.write_report(grid, workdir, out, points if _ONLY.value else None)
     print((files["md"]).read_text())
     print("wrote " + ", ".join(str(f) for f in files.values()))
 
