@@ -133,8 +133,11 @@ def nsp_formats(scale: str = "demo", data_source: str = "") -> Grid:
     over = dict(base)
     if fmt == "sentence_pair":
       # Two natural sentences average ~63 WordPiece tokens on the demo corpus (~30 per
-      # sentence; Wikipedia is similar): scale the batch so the real tokens per step match.
+      # sentence; Wikipedia is similar): scale the batch so the real tokens per step match,
+      # in rows of at most 128 (our loader pads to max_length; fairseq padded per batch, so
+      # RoBERTa's 512-token limit cost it nothing).
       over["data.batch_size"] = base["data.batch_size"] * max(1, base["data.max_length"] // 64)
+      over["data.max_length"] = min(128, base["data.max_length"])
     return PointSpec(f"size={size},objective=mlm,nsp={task},format={fmt}", over, finetune)
 
   return Grid("nsp_formats", "NSP and input formats at equal tokens", expand(
