@@ -340,21 +340,11 @@ class Worker:
 
 
 def matmul_peak(n: int = 2048, repeats: int = 3) -> float:
-  """FLOP/s of a jitted fp32 n x n matmul in this process now (median of `repeats`); unlike
-  encoder_jax.train.flops.measured_cpu_matmul_peak it is not cached, so calling it between
-  rounds tracks the machine's load."""
-  import statistics
-  import jax
-  import jax.numpy as jnp
-  a = jnp.ones((n, n), jnp.float32)
-  f = jax.jit(jnp.matmul)
-  f(a, a).block_until_ready()
-  times = []
-  for _ in range(repeats):
-    t = time.perf_counter()
-    f(a, a).block_until_ready()
-    times.append(time.perf_counter() - t)
-  return 2.0 * n ** 3 / statistics.median(times)
+  """FLOP/s of a jitted fp32 n x n matmul in this process now (median of `repeats`): the
+  trainer's encoder_jax.train.flops.measured_cpu_matmul_peak without its per-process cache, so
+  calling it between rounds tracks the machine's load."""
+  from encoder_jax.train import flops
+  return flops.measured_cpu_matmul_peak.__wrapped__(n, repeats)
 
 
 def loadavg() -> str:
