@@ -118,7 +118,6 @@ def main(argv):
       print(f"{runner.status(workdir, p):9s} {p.name}")
   else:
     if action == "run":
-      os.chdir(_REPO)  # the commands name configs/ relative to the repo root
       runner.run_grid(grid, workdir, points=points, rerun_changed=_RERUN.value,
                       keep_going=_KEEP_GOING.value)
     files = report.write_report(grid, workdir, out, points if _ONLY.value else None)

@@ -158,10 +158,6 @@ def build(config: ml_collections.ConfigDict) -> Setup:
     od["total_steps"] = max(1, steps // od["accumulation_steps"])
   optim_cfg = OptimConfig.from_dict(od)
   tx, schedule = build_optimizer(optim_cfg, num_layers=model_cfg.num_layers)
-  k = optim_cfg.accumulation_steps
-  if k > 1:  # the step counts micro-batches, the schedule counts updates: log the lr in use
-    update_schedule = schedule
-    schedule = lambda call: update_schedule(call // k)  # noqa: E731
   trainer, init_fn = step_lib.create(model_cfg, obj, tx, schedule, config.seed)
   return Setup(model_cfg, obj, optim_cfg, trainer, init_fn, fps, B * T, end_step, planned)
 

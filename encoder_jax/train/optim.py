@@ -242,7 +242,9 @@ def scale_by_trust_ratio_per_layer() -> optax.GradientTransformation:
 
 class OptimizerParts(NamedTuple):
   tx: optax.GradientTransformation
-  schedule: optax.Schedule  # for logging the learning rate at a given update count
+  # For logging: the learning rate in use at step call c (with accumulation over k
+  # micro-batches, that of update c // k).
+  schedule: optax.Schedule
 
 
 def build_optimizer(cfg: OptimConfig, *, num_layers: int | None = None) -> OptimizerParts:
@@ -267,5 +269,7 @@ def build_optimizer(cfg: OptimConfig, *, num_layers: int | None = None) -> Optim
     parts.append(scale_by_layer_decay(num_layers, cfg.layer_decay))
   tx = optax.chain(*parts)
   if cfg.accumulation_steps > 1:
-    tx = optax.MultiSteps(tx, every_k_schedule=cfg.accumulation_steps).gradient_transformation()
+    k = cfg.accumulation_steps
+    tx = optax.MultiSteps(tx, every_k_schedule=k).gradient_transformation()
+    return OptimizerParts(tx=tx, schedule=lambda call: schedule(call // k))
   return OptimizerParts(tx=tx, schedule=schedule)

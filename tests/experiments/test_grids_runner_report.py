@@ -248,7 +248,7 @@ def test_report_of_an_unstarted_grid_shows_todo(tmp_path):
   assert math.isnan(rows[0]["final_train_curve"])
 
 
-def test_cli_plan_and_status():
+def test_cli_plan_and_help():
   out = subprocess.run([sys.executable, "-m", "experiments.run", "--grid=electra_vs_mlm",
                         "--scale=base", "--action=plan"], cwd=REPO, capture_output=True,
                        text=True, check=True).stdout
