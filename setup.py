@@ -17,6 +17,7 @@ INSTALL_REQUIRES = [
     "array-record==0.8.6",
     "ml-collections==1.1.0",
     "absl-py==2.5.1",
+    "filelock==4.3.1",  # one builder of a TFDS dataset at a time across processes
     "numpy==2.4.6",
     "tokenizers==0.23.3",
     "safetensors==0.8.0",

@@ -33,7 +33,11 @@ _QUICK = flags.DEFINE_bool("quick", False, "3 rounds of 1 step: a smoke check, ~
 _ELECTRA = flags.DEFINE_bool("electra", True, "Also time our ELECTRA step (gen 1/4 width, RTD).")
 _HF = flags.DEFINE_bool("hf", True, "Time the HF torch peer (the ratio needs it).")
 _THREADS = flags.DEFINE_integer("threads", 2, "torch.set_num_threads for the HF peer.")
-_SCAN = flags.DEFINE_bool("scan_layers", True, "Our encoder: nnx.scan over layers.")
+_LAYERS = flags.DEFINE_list(
+    "layers", ["scan", "unrolled"], "Layer stackings to time our MLM+NSP step with, a row each: "
+    "scan (nnx.scan over stacked blocks, the default config: one block's program, ~12 s BERT-base "
+    "compile) and/or unrolled (model.scan_layers=False: a program per block, ~20 s compile, no "
+    "stacked residuals/gradients to copy). ELECTRA and --variant rows use the first.")
 _REMAT = flags.DEFINE_enum("remat_policy", "none", ["none", "full", "dots", "dots_no_batch"],
                            "Our encoder: rematerialisation policy per block.")
 _ATTN_DROP = flags.DEFINE_float("attention_dropout", 0.1, "Attention-probability dropout "
@@ -91,15 +95,19 @@ def parse_variant(text: str) -> tuple[str, dict]:
 
 def specs_for(size: str, batch: int) -> dict[str, systems.StepSpec]:
   base = dict(size=size, batch_size=batch, seq_len=_SEQ.value, threads=_THREADS.value,
-              scan_layers=_SCAN.value, remat_policy=_REMAT.value,
+              scan_layers=_LAYERS.value[0] == "scan", remat_policy=_REMAT.value,
               attention_dropout=_ATTN_DROP.value, hf_attn=_HF_ATTN.value,
               hf_adamw=_HF_ADAMW.value, xla_flags=_XLA_FLAGS.value)
   out = {}
   if _HF.value:
     out["hf"] = systems.StepSpec(system="hf", **base)
-  out["ours_mlm"] = systems.StepSpec(system="ours", objective="mlm", nsp=True, **base)
+  for layers in _LAYERS.value:
+    out[f"ours_mlm_{layers}"] = systems.StepSpec(
+        system="ours", objective="mlm", nsp=True, tag=f" ({layers})",
+        **{**base, "scan_layers": layers == "scan"})
   if _ELECTRA.value:
-    out["ours_electra"] = systems.StepSpec(system="ours", objective="electra", nsp=False, **base)
+    out["ours_electra"] = systems.StepSpec(system="ours", objective="electra", nsp=False,
+                                           tag=f" ({_LAYERS.value[0]})", **base)
   for text in _VARIANTS.value:
     label, changes = parse_variant(text)
     out[f"variant {label}"] = systems.StepSpec(
@@ -180,6 +188,8 @@ def print_table(rows: list[dict], rounds: int, steps: int):
 
 def main(argv):
   del argv
+  if not _LAYERS.value or set(_LAYERS.value) - {"scan", "unrolled"}:
+    raise app.UsageError(f"--layers={','.join(_LAYERS.value)}: give scan and/or unrolled.")
   rounds, steps = (3, 1) if _QUICK.value else (_ROUNDS.value, _STEPS.value)
   batches = [int(b) for b in _BATCH.value]
   if len(batches) < len(_SIZES.value):

@@ -11,3 +11,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import jax  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+def pytest_xdist_auto_num_workers(config):
+  """`-n auto`: one worker per core, at most 4. Each worker holds its own JAX runtime and
+  compiled programs (up to ~3 GiB at the largest tests), so more workers than that only add
+  memory pressure; XLA compilation, most of the suite's time, is single-threaded."""
+  del config
+  return max(1, min(os.cpu_count() or 1, 4))

@@ -24,11 +24,13 @@ import csv
 import dataclasses
 import hashlib
 import os
+import pathlib
 import re
 import time
 from collections.abc import Iterable, Iterator
 
 from absl import logging
+import filelock
 import numpy as np
 import tensorflow_datasets as tfds
 
@@ -215,7 +217,22 @@ def prepare_corpus(source: str = "demo", vocab: str = "minilm", data_dir=None, c
       cache_dir=None if cache_dir is None else str(cache_dir), source_data_dir=source_data_dir)
   builder = PretrainCorpus(config=cfg, data_dir=data_dir or default_data_dir(cache_dir),
                            file_format="array_record")
-  builder.download_and_prepare()
+  return build_once(builder)
+
+
+def build_once(builder: tfds.core.DatasetBuilder) -> tfds.core.DatasetBuilder:
+  """`builder.download_and_prepare()` under an inter-process file lock next to its folder.
+
+  Why: TFDS writes into a temporary folder and renames it into place, so a second process
+  building the same dataset at the same time (parallel test workers, two experiment arms
+  started together on a fresh machine) fails at that rename. With the lock the second waits,
+  then finds the finished dataset and only reads it. `filelock` (flock on POSIX) releases the
+  lock if its holder dies, so a killed build never wedges later ones.
+  """
+  data_dir = pathlib.Path(builder.data_dir)
+  data_dir.parent.mkdir(parents=True, exist_ok=True)
+  with filelock.FileLock(str(data_dir) + ".lock"):
+    builder.download_and_prepare()
   return builder
 
 
@@ -331,5 +348,4 @@ def prepare_task(name: str, data_dir=None, cache_dir=None) -> tfds.core.DatasetB
     raise ValueError(f"unknown task {name!r}; known: {sorted(TASKS)}")
   builder = TASKS[name](cache_dir=cache_dir, data_dir=data_dir or default_data_dir(cache_dir),
                         file_format="array_record")
-  builder.download_and_prepare()
-  return builder
+  return build_once(builder)
