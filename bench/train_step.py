@@ -38,8 +38,9 @@ _LAYERS = flags.DEFINE_list(
     "scan (nnx.scan over stacked blocks, the default config: one block's program, ~12 s BERT-base "
     "compile) and/or unrolled (model.scan_layers=False: a program per block, ~20 s compile, no "
     "stacked residuals/gradients to copy). ELECTRA and --variant rows use the first.")
-_REMAT = flags.DEFINE_enum("remat_policy", "none", ["none", "full", "dots", "dots_no_batch"],
-                           "Our encoder: rematerialisation policy per block.")
+_REMAT = flags.DEFINE_enum("remat_policy", "dots", ["none", "full", "dots", "dots_no_batch"],
+                           "Our encoder: rematerialisation policy per block (dots: the "
+                           "pre-training config's default, configs/pretrain.py).")
 _ATTN_DROP = flags.DEFINE_float("attention_dropout", 0.1, "Attention-probability dropout "
                                 "(both systems; BERT uses 0.1).")
 _HF_ATTN = flags.DEFINE_enum("hf_attn", "sdpa", ["sdpa", "eager"], "HF attn_implementation.")
