@@ -23,6 +23,10 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import systems  # noqa: E402
+from configs import pretrain as pretrain_config  # noqa: E402
+
+# The remat policy users train with (configs/pretrain.py), read rather than restated.
+_CONFIG_REMAT = pretrain_config.model_config("base", "post").remat_policy
 
 _SIZES = flags.DEFINE_list("sizes", ["mini", "base"], "Model sizes (encoder_jax SIZES keys).")
 _BATCH = flags.DEFINE_list("batch_sizes", ["32", "8"], "Batch size per size (same order).")
@@ -34,13 +38,14 @@ _ELECTRA = flags.DEFINE_bool("electra", True, "Also time our ELECTRA step (gen 1
 _HF = flags.DEFINE_bool("hf", True, "Time the HF torch peer (the ratio needs it).")
 _THREADS = flags.DEFINE_integer("threads", 2, "torch.set_num_threads for the HF peer.")
 _LAYERS = flags.DEFINE_list(
-    "layers", ["scan", "unrolled"], "Layer stackings to time our MLM+NSP step with, a row each: "
-    "scan (nnx.scan over stacked blocks, the default config: one block's program, ~12 s BERT-base "
-    "compile) and/or unrolled (model.scan_layers=False: a program per block, ~20 s compile, no "
-    "stacked residuals/gradients to copy). ELECTRA and --variant rows use the first.")
-_REMAT = flags.DEFINE_enum("remat_policy", "dots", ["none", "full", "dots", "dots_no_batch"],
-                           "Our encoder: rematerialisation policy per block (dots: the "
-                           "pre-training config's default, configs/pretrain.py).")
+    "layers", ["scan", "unrolled"], "Our MLM+NSP step, a row each: scan = the pre-training "
+    "config (nnx.scan over stacked blocks with --remat_policy; ~11 s BERT-base compile) and/or "
+    "unrolled = the CPU-throughput setting the README recommends (model.scan_layers=False, no "
+    "remat: no [L, ...] residual/gradient stacks to copy; ~20 s compile). ELECTRA and --variant "
+    "rows use the scan setting.")
+_REMAT = flags.DEFINE_enum("remat_policy", _CONFIG_REMAT, ["none", "full", "dots", "dots_no_batch"],
+                           "Rematerialisation policy per block of the scan row (default: the "
+                           "pre-training config's).")
 _ATTN_DROP = flags.DEFINE_float("attention_dropout", 0.1, "Attention-probability dropout "
                                 "(both systems; BERT uses 0.1).")
 _HF_ATTN = flags.DEFINE_enum("hf_attn", "sdpa", ["sdpa", "eager"], "HF attn_implementation.")
@@ -96,19 +101,21 @@ def parse_variant(text: str) -> tuple[str, dict]:
 
 def specs_for(size: str, batch: int) -> dict[str, systems.StepSpec]:
   base = dict(size=size, batch_size=batch, seq_len=_SEQ.value, threads=_THREADS.value,
-              scan_layers=_LAYERS.value[0] == "scan", remat_policy=_REMAT.value,
+              scan_layers=True, remat_policy=_REMAT.value,
               attention_dropout=_ATTN_DROP.value, hf_attn=_HF_ATTN.value,
               hf_adamw=_HF_ADAMW.value, xla_flags=_XLA_FLAGS.value)
   out = {}
   if _HF.value:
     out["hf"] = systems.StepSpec(system="hf", **base)
+  settings = {"scan": ({}, f" (scan, remat {_REMAT.value})"),
+              "unrolled": ({"scan_layers": False, "remat_policy": "none"}, " (unrolled)")}
   for layers in _LAYERS.value:
-    out[f"ours_mlm_{layers}"] = systems.StepSpec(
-        system="ours", objective="mlm", nsp=True, tag=f" ({layers})",
-        **{**base, "scan_layers": layers == "scan"})
+    changes, tag = settings[layers]
+    out[f"ours_mlm_{layers}"] = systems.StepSpec(system="ours", objective="mlm", nsp=True,
+                                                 tag=tag, **{**base, **changes})
   if _ELECTRA.value:
     out["ours_electra"] = systems.StepSpec(system="ours", objective="electra", nsp=False,
-                                           tag=f" ({_LAYERS.value[0]})", **base)
+                                           tag=" (scan)", **base)
   for text in _VARIANTS.value:
     label, changes = parse_variant(text)
     out[f"variant {label}"] = systems.StepSpec(
