@@ -59,7 +59,9 @@ def get_config(arg=None):
   c = ml_collections.ConfigDict()
   c.task = args["task"]
   c.init = args["init"]  # minilm | hf:<dir> | ckpt:<dir> | random
-  c.random_like = "minilm"  # init=random: this shape (minilm | hf:<dir> | a size name)
+  # init=random: this shape (minilm | hf:<dir> | ckpt:<dir>, a pre-training run: its shape,
+  # numerics and vocab | a size name)
+  c.random_like = "minilm"
   c.vocab = ""  # "": the HF folder's vocab.txt / the pre-training run's vocab / BERT uncased
   c.lowercase = True
   # ModelConfig overrides: numerics for loaded encoders, also shapes for random ones.

@@ -93,8 +93,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.model = model_config(args["size"], args["norm"])
 
   config.data = ml_collections.ConfigDict(dict(
-      source="demo",  # demo | files:<glob>[,<glob>] | tfds:<name>:<text_field>
-      vocab="minilm",  # BERT uncased (30,522 ids) or a path to a vocab.txt
+      # demo (SOTU + Moby-Dick + Brown) | demo:<part>[+<part>] (e.g. demo:moby_dick) |
+      # files:<glob>[,<glob>] | tfds:<name>:<text_field>
+      source="demo",
+      # minilm (BERT uncased, 30,522 ids) | demo[:<size>] (WordPiece trained on the demo corpus,
+      # cached; 8,192 by default) | a path to a vocab.txt
+      vocab="minilm",
       format=fmt,
       max_length=128,
       pack=False,  # pack short rows (doc_sentences / sentence_pair) into one row
@@ -115,6 +119,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       mask_frac=ml_collections.config_dict.placeholder(float),
       random_frac=ml_collections.config_dict.placeholder(float),
       whole_word=False,
+      # dynamic: a new mask each time a row is seen (RoBERTa); static: BERT's offline masks,
+      # fixed per (example, epoch % dupe_factor), i.e. each mask seen epochs / dupe_factor times.
+      masking="dynamic",
+      dupe_factor=10,
       gen_hidden_frac=0.25,  # google-research/electra's generator_hidden_size
       gen_layers_frac=1.0,
       temperature=1.0,

@@ -64,6 +64,10 @@ def model_config_to_hf_config(cfg: ModelConfig, architectures: list[str]) -> dic
   if cfg.norm_first:
     raise ValueError("HF BERT is a post-LN model; a pre-LN encoder (norm_first=True) has no "
                      "HF BERT equivalent. Export post-LN models only.")
+  if cfg.position_bias != "none":
+    raise ValueError(f"HF BERT has no relative position bias; this encoder uses "
+                     f"position_bias={cfg.position_bias!r} and would compute something else in "
+                     "transformers. Export models with position_bias='none' only.")
   if cfg.embed_size != cfg.hidden_size:
     raise ValueError("HF BertModel has no embedding projection; this encoder has "
                      f"embedding_size={cfg.embed_size} != hidden_size={cfg.hidden_size}.")

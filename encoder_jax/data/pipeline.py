@@ -27,6 +27,9 @@ Batch (per host, B_host = global_batch_size / process_count, T = max_length):
   positions    int32 [B, T]  position ids, restarting at 0 for every packed example
   word_starts  bool  [B, T]  True where a word begins (whole-word masking); False on specials
   nsp_label    int32 [B]     with nsp / sop only: 0 = B follows A (in order), 1 = random (swapped)
+  example_id   int32 [B]     with example_ids=True only: the row's index in the plan
+  epoch        int32 [B]     with example_ids=True only: the pass over the rows it comes from
+                             (static masking keys its masks on (example_id, epoch % dupe_factor))
 """
 import dataclasses
 
@@ -47,6 +50,7 @@ class LoaderConfig:
   read_threads: int = 2          # grain ReadOptions threads
   prefetch: int = 8              # batches buffered ahead (thread prefetch)
   worker_count: int = 0          # >0: grain multiprocess prefetch with this many processes
+  example_ids: bool = False      # add example_id and epoch to every row (static masking)
 
   def per_host_batch_size(self) -> int:
     if self.global_batch_size % self.process_count:
@@ -58,13 +62,21 @@ class LoaderConfig:
 
 
 def host_stream(rows, seed: int, process_index: int = 0, process_count: int = 1,
-                num_epochs: int | None = None, block: int = 1) -> grain.MapDataset:
+                num_epochs: int | None = None, block: int = 1,
+                example_ids: bool = False) -> grain.MapDataset:
   """This host's rows in stream order (before batching): shuffle per epoch, repeat, deal
-  blocks of `block` rows (the per-host batch) round-robin to hosts."""
+  blocks of `block` rows (the per-host batch) round-robin to hosts. With `example_ids`, each
+  row also carries its plan index and the epoch (pass over the rows) it was drawn in."""
   if len(rows) == 0:
     raise ValueError("the dataset has no rows; refusing to iterate an empty stream")
-  ds = grain.MapDataset.source(rows).shuffle(seed=seed)
+  num_rows = len(rows)
+  ds = grain.MapDataset.source(rows)
+  if example_ids:
+    ds = ds.map_with_index(lambda i, row: row | {"example_id": np.int32(i % num_rows)})
+  ds = ds.shuffle(seed=seed)
   ds = ds.repeat(num_epochs)  # shuffle sees epoch = index // len: a new permutation each epoch
+  if example_ids:  # the global stream position, before dealing to hosts
+    ds = ds.map_with_index(lambda j, row: row | {"epoch": np.int32(j // num_rows)})
   if process_count == 1:
     return ds
   b, n, h = block, process_count, process_index
@@ -121,7 +133,7 @@ class Loader:
   def dataset(self, start_step: int = 0) -> grain.IterDataset:
     cfg = self.cfg
     ds = host_stream(self.rows, cfg.seed, cfg.process_index, cfg.process_count, cfg.num_epochs,
-                     block=self.batch_size)
+                     block=self.batch_size, example_ids=cfg.example_ids)
     ds = ds.batch(self.batch_size, drop_remainder=True)[start_step:]
     it_ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=cfg.read_threads,
                                                  prefetch_buffer_size=cfg.prefetch))
@@ -142,7 +154,7 @@ def pretrain_loader(source: str = "demo", vocab: str = "minilm", split: str = "t
                     global_batch_size: int = 32, seed: int = 0, num_epochs: int | None = None,
                     process_index: int | None = None, process_count: int | None = None,
                     data_dir=None, cache_dir=None, worker_count: int = 0,
-                    prefetch: int = 8) -> Loader:
+                    prefetch: int = 8, example_ids: bool = False) -> Loader:
   """Builds (once) the tokenized corpus, plans the rows and returns this host's loader.
 
   process_index / process_count default to jax.process_index() / jax.process_count().
@@ -156,4 +168,5 @@ def pretrain_loader(source: str = "demo", vocab: str = "minilm", split: str = "t
   plan = examples.make_plan(corpus, example)
   rows = examples.Rows(corpus, plan, example, tok.cls_id, tok.sep_id, tok.pad_id)
   return Loader(rows, LoaderConfig(global_batch_size, seed, num_epochs, process_index,
-                                   process_count, worker_count=worker_count, prefetch=prefetch))
+                                   process_count, worker_count=worker_count, prefetch=prefetch,
+                                   example_ids=example_ids))

@@ -192,8 +192,15 @@ def train_vocab(files_or_iterator: Iterable[str] | Sequence[os.PathLike], vocab_
   out_path = pathlib.Path(out_path)
   out_path.parent.mkdir(parents=True, exist_ok=True)
   tmp = out_path.with_name(out_path.name + ".tmp")
+  # Specials first (their ids are fixed), then the rest sorted by string. The trainer numbers
+  # its alphabet in hash-map order, which changes from run to run: on the 3.6M-token demo
+  # corpus two runs gave the same 8,192 tokens in different orders (sorting makes those files
+  # identical, so the corpus cache keyed by the file's hash is reused); on a small text, ties
+  # between equally frequent merges can even change the set. WordPiece's greedy longest match
+  # does not use the order.
+  rest = sorted(t for t in vocab if t not in SPECIAL_TOKENS)
   with open(tmp, "w", encoding="utf-8") as f:
-    for token, _ in sorted(vocab.items(), key=lambda kv: kv[1]):
+    for token in [*SPECIAL_TOKENS, *rest]:
       f.write(token + "\n")
   os.replace(tmp, out_path)
   return WordPieceTokenizer.from_vocab(out_path, lowercase=lowercase)

@@ -82,13 +82,15 @@ class Backbone:
 
 
 def load_backbone(init: str, *, model_overrides: dict[str, Any] | None = None,
-                  random_config: ModelConfig | None = None, cache_dir=None) -> Backbone:
-  """init: 'minilm' | 'hf:<dir>' | 'ckpt:<dir>' | 'random' (needs random_config)."""
+                  random_config: ModelConfig | None = None, cache_dir=None,
+                  random_vocab: str | None = None) -> Backbone:
+  """init: 'minilm' | 'hf:<dir>' | 'ckpt:<dir>' | 'random' (needs random_config; its vocab is
+  `random_vocab` when the shape came from a run that names one)."""
   overrides = dict(model_overrides or {})
   if init == "random":
     if random_config is None:
       raise ValueError("init='random' needs a model config (config.model, or model_like).")
-    return Backbone(random_config.replace(**overrides), None, None, "random")
+    return Backbone(random_config.replace(**overrides), None, None, "random", random_vocab)
   if init == "minilm" or init.startswith("hf:"):
     from encoder_jax.convert import load_hf_bert
     from encoder_jax.data.fetch import minilm_dir
@@ -170,7 +172,7 @@ def load_pretraining_checkpoint(path, **overrides) -> Backbone:
 # ModelConfig fields that leave no trace in parameter shapes; read from the pre-training run's
 # config.json (encoder_jax.train.loop writes it to its workdir, above checkpoints/).
 _NUMERICS = ("activation", "layer_norm_eps", "initializer_range", "pad_token_id",
-             "hidden_dropout", "attention_dropout")
+             "hidden_dropout", "attention_dropout", "position_bias")
 
 
 def _pretraining_run_config(item: pathlib.Path) -> dict[str, Any]:

@@ -28,24 +28,30 @@ from encoder_jax.model.config import SIZES, ModelConfig
 from encoder_jax.model.heads import pool
 
 
-def _random_config(config) -> ModelConfig | None:
+def _random_config(config) -> tuple[ModelConfig, str | None]:
+  """The shape (and vocab, when known) of a random encoder: config.random_like."""
   like = config.random_like
   overrides = dict(config.model.to_dict())
   if like == "minilm" or like.startswith("hf:"):
     from encoder_jax.data.fetch import minilm_dir
     path = minilm_dir(config.cache_dir or None) if like == "minilm" else like[3:]
-    return backbone_lib.hf_model_config(path, **overrides)
+    return backbone_lib.hf_model_config(path, **overrides), None
+  if like.startswith("ckpt:"):  # the exact shape, numerics and vocab of a pre-training run
+    like_bb = backbone_lib.load_pretraining_checkpoint(like[5:], **overrides)
+    return like_bb.cfg, like_bb.vocab
   if like in SIZES:
-    return ModelConfig(**{**SIZES[like], **overrides})
-  raise ValueError(f"random_like={like!r}; use 'minilm', 'hf:<dir>' or a size {sorted(SIZES)}.")
+    return ModelConfig(**{**SIZES[like], **overrides}), None
+  raise ValueError(f"random_like={like!r}; use 'minilm', 'hf:<dir>', 'ckpt:<dir>' or a size "
+                   f"{sorted(SIZES)}.")
 
 
 def _tokenizer(config, bb: backbone_lib.Backbone):
+  from encoder_jax.data.builders import resolve_vocab
   from encoder_jax.data.fetch import minilm_vocab
   from encoder_jax.data.tokenizer import WordPieceTokenizer
   vocab = config.vocab or bb.vocab  # the flag, else what the pre-training run used
   if vocab:
-    path = minilm_vocab(config.cache_dir or None) if vocab == "minilm" else vocab
+    path = resolve_vocab(vocab, config.cache_dir or None)
   elif bb.source.startswith("hf:"):
     path = pathlib.Path(bb.source[3:]) / "vocab.txt"
   else:
@@ -86,10 +92,10 @@ def finetune_and_evaluate(config, workdir: str) -> dict[str, Any]:
   if config.freeze_encoder and config.layer_decay < 1:
     logging.warning("freeze_encoder makes layer_decay=%s moot (the encoder gets no update)",
                     config.layer_decay)
+  random_cfg, random_vocab = _random_config(config) if config.init == "random" else (None, None)
   bb = backbone_lib.load_backbone(
-      config.init, model_overrides=config.model.to_dict(),
-      random_config=_random_config(config) if config.init == "random" else None,
-      cache_dir=config.cache_dir or None)
+      config.init, model_overrides=config.model.to_dict(), random_config=random_cfg,
+      random_vocab=random_vocab, cache_dir=config.cache_dir or None)
   logging.info("backbone %s: %d layers, d=%d, vocab %d", bb.source, bb.cfg.num_layers,
                bb.cfg.hidden_size, bb.cfg.vocab_size)
   if config.max_length > bb.cfg.max_positions:

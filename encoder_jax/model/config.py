@@ -14,6 +14,8 @@ import jax.numpy as jnp
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 ATTENTION_IMPLS = ("xla", "cudnn", "auto")
+POSITION_INITS = ("normal", "sinusoidal")
+POSITION_BIASES = ("none", "alibi")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +49,13 @@ class ModelConfig:
   # picks cuDNN: its default (None) is XLA. bench/gpu.py measures both on a GPU.
   attention_impl: str = "xla"
   pad_token_id: int = 0
+  # How the learned absolute position table starts: "normal" (BERT: truncated normal of
+  # initializer_range) or "sinusoidal" (Vaswani et al.'s sin/cos table at the same scale;
+  # still a learned parameter, same checkpoint layout).
+  position_init: str = "normal"
+  # Extra attention bias from relative distance: "none" (BERT) or "alibi" (Press et al. 2022,
+  # symmetric for a bidirectional encoder as in MosaicBERT: -slope_n * |i - j| per head n).
+  position_bias: str = "none"
 
   def __post_init__(self):
     if self.hidden_size % self.num_heads:
@@ -58,6 +67,12 @@ class ModelConfig:
     if self.remat_policy not in REMAT_POLICIES:
       raise ValueError(
           f"ModelConfig.remat_policy={self.remat_policy!r}; use one of {REMAT_POLICIES}.")
+    if self.position_init not in POSITION_INITS:
+      raise ValueError(
+          f"ModelConfig.position_init={self.position_init!r}; use one of {POSITION_INITS}.")
+    if self.position_bias not in POSITION_BIASES:
+      raise ValueError(
+          f"ModelConfig.position_bias={self.position_bias!r}; use one of {POSITION_BIASES}.")
     if self.attention_impl not in ATTENTION_IMPLS:
       raise ValueError(
           f"ModelConfig.attention_impl={self.attention_impl!r}; use one of {ATTENTION_IMPLS}.")

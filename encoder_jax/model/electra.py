@@ -17,16 +17,18 @@ from encoder_jax.model.heads import MlmHead, NspHead, Pooler, RtdHead
 
 def generator_config(disc: ModelConfig, hidden_frac: float = 0.25,
                      layers_frac: float = 1.0) -> ModelConfig:
-  """google-research/electra's `get_generator_config`: hidden, FFN (4x) and heads (hidden/64,
-  at least 1) scale by `hidden_frac`; depth by `layers_frac`; the embedding width stays the
-  discriminator's so the tables can be shared."""
+  """google-research/electra's `get_generator_config`: hidden, FFN (4x) and heads scale by
+  `hidden_frac`; depth by `layers_frac`; the embedding width stays the discriminator's so the
+  tables can be shared. Heads keep the discriminator's head width (at least 1 head): the
+  repo's `hidden / 64` for its 64-wide heads, and for narrower heads (a demo model of 8 heads
+  of 16) still several heads, which an ALiBi model needs for its steeper slopes."""
   if not 0 < hidden_frac <= 1 or not 0 < layers_frac <= 1:
     raise ValueError(f"generator hidden_frac={hidden_frac} and layers_frac={layers_frac} must "
                      "lie in (0, 1]; ELECTRA uses 0.25-0.5 and 1.0.")
   d = max(1, int(round(disc.hidden_size * hidden_frac)))
-  heads = max(1, d // 64)
-  if d == disc.hidden_size:
-    heads = disc.num_heads
+  heads = max(1, d // disc.head_dim)
+  while d % heads:  # a width that is not a multiple of the head width
+    heads -= 1
   return disc.replace(hidden_size=d, ffn_size=4 * d if d != disc.hidden_size else disc.ffn_size,
                       num_heads=heads, num_layers=max(1, int(round(disc.num_layers * layers_frac))),
                       embedding_size=disc.embed_size)

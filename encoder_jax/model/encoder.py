@@ -15,7 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from encoder_jax.model.attention import MultiHeadAttention, init_normal, make_attention_mask
+from encoder_jax.model.attention import (MultiHeadAttention, alibi_bias, init_normal,
+                                         make_attention_mask)
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.model.dropout import Dropout
 
@@ -59,6 +60,23 @@ def _fold(rng: jax.Array | None, i: int) -> jax.Array | None:
   return None if rng is None else jax.random.fold_in(rng, i)
 
 
+def sinusoidal_init(std: float):
+  """An initializer for a [positions, width] table: Vaswani et al.'s sin/cos features, scaled
+  to a root-mean-square of `std` per entry, the scale of BERT's normal init. Position i+k is then a fixed rotation of i in
+  every frequency pair, so attention to a relative offset is a linear function of the table
+  from step 0 instead of something the table has to discover."""
+  def init(key, shape, dtype=jnp.float32):
+    del key
+    n, e = shape
+    pos_Nx1 = np.arange(n, dtype=np.float64)[:, None]
+    freq = np.exp(-np.log(10_000.0) * np.arange(0, e, 2, dtype=np.float64) / e)[None, :]
+    table = np.zeros((n, e), np.float64)
+    table[:, 0::2] = np.sin(pos_Nx1 * freq)
+    table[:, 1::2] = np.cos(pos_Nx1 * freq)[:, : e // 2]
+    return jnp.asarray(table * std * np.sqrt(2.0), dtype)
+  return init
+
+
 class Embeddings(nnx.Module):
   """Token + learned position + segment (token type) embeddings, LayerNorm, dropout.
 
@@ -69,12 +87,14 @@ class Embeddings(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     e = cfg.embed_size
-    emb = lambda n, axes: nnx.Embed(
+    emb = lambda n, axes, init=init_normal(cfg): nnx.Embed(
         n, e, dtype=cfg.compute_dtype, param_dtype=cfg.storage_dtype,
-        embedding_init=nnx.with_partitioning(init_normal(cfg), axes), rngs=rngs)
+        embedding_init=nnx.with_partitioning(init, axes), rngs=rngs)
+    pos_init = (sinusoidal_init(cfg.initializer_range) if cfg.position_init == "sinusoidal"
+                else init_normal(cfg))
     with nnx.use_eager_sharding(False):
       self.token = emb(cfg.vocab_size, ("vocab", "embed"))
-      self.position = emb(cfg.max_positions, (None, "embed"))
+      self.position = emb(cfg.max_positions, (None, "embed"), pos_init)
       self.token_type = (emb(cfg.type_vocab_size, (None, "embed")) if cfg.type_vocab_size
                          else None)
     self.ln = layer_norm(cfg, e, rngs=rngs)
@@ -107,10 +127,11 @@ class Block(nnx.Module):
     self.norm_first = cfg.norm_first
     self.act = cfg.activation
 
-  def __call__(self, x_BxTxD, mask_Bx1xTxT, dropout_rng=None):
+  def __call__(self, x_BxTxD, mask_Bx1xTxT, dropout_rng=None, bias_BxNxTxT=None):
     drop = lambda y, i: self.dropout(y, rngs=_fold(dropout_rng, i))
     ffn = lambda y: self.ffn_out(activation_fn(self.act)(self.ffn_in(y)))
-    attn = lambda y: self.attn(y, mask_Bx1xTxT, dropout_rng=_fold(dropout_rng, 2))
+    attn = lambda y: self.attn(y, mask_Bx1xTxT, dropout_rng=_fold(dropout_rng, 2),
+                               bias_BxNxTxS=bias_BxNxTxT)
     if self.norm_first:
       x_BxTxD = x_BxTxD + drop(attn(self.ln_attn(x_BxTxD)), 0)
       return x_BxTxD + drop(ffn(self.ln_ffn(x_BxTxD)), 1)
@@ -184,13 +205,15 @@ class Encoder(nnx.Module):
     if self.embed_proj is not None:
       x_BxTxD = self.embed_proj(x_BxTxD)
     mask_Bx1xTxT = make_attention_mask(mask_BxT, segment_ids_BxT)
+    bias_BxNxTxT = (alibi_bias(positions_BxT, cfg.num_heads) if cfg.position_bias == "alibi"
+                    else None)
     layer_rng = _fold(dropout_rng, 1)
     if cfg.scan_layers:
-      x_BxTxD = self._scan_blocks(x_BxTxD, mask_Bx1xTxT, layer_rng)
+      x_BxTxD = self._scan_blocks(x_BxTxD, mask_Bx1xTxT, layer_rng, bias_BxNxTxT)
     else:
       for i, block in enumerate(self.blocks):
         x_BxTxD = self._remat(type(block).__call__)(block, x_BxTxD, mask_Bx1xTxT,
-                                                    _fold(layer_rng, i))
+                                                    _fold(layer_rng, i), bias_BxNxTxT)
     if self.final_ln is not None:
       x_BxTxD = self.final_ln(x_BxTxD)
     return EncoderOutput(hidden_BxTxD=x_BxTxD, mask_BxT=mask_BxT)
@@ -200,21 +223,21 @@ class Encoder(nnx.Module):
       return fn
     return nnx.remat(fn, policy=_REMAT[self.cfg.remat_policy])
 
-  def _scan_blocks(self, x_BxTxD, mask_Bx1xTxT, layer_rng):
+  def _scan_blocks(self, x_BxTxD, mask_Bx1xTxT, layer_rng, bias_BxNxTxT=None):
     call = self._remat(type(self.blocks).__call__)
     if layer_rng is None:
-      @nnx.scan(in_axes=(nnx.Carry, 0, None), out_axes=nnx.Carry,
+      @nnx.scan(in_axes=(nnx.Carry, 0, None, None), out_axes=nnx.Carry,
                 transform_metadata={nnx.PARTITION_NAME: "layers"})
-      def body(x, block, mask):
-        return call(block, x, mask)
-      return body(x_BxTxD, self.blocks, mask_Bx1xTxT)
+      def body(x, block, mask, bias):
+        return call(block, x, mask, None, bias)
+      return body(x_BxTxD, self.blocks, mask_Bx1xTxT, bias_BxNxTxT)
 
-    @nnx.scan(in_axes=(nnx.Carry, 0, None, 0), out_axes=nnx.Carry,
+    @nnx.scan(in_axes=(nnx.Carry, 0, None, 0, None), out_axes=nnx.Carry,
               transform_metadata={nnx.PARTITION_NAME: "layers"})
-    def body_rng(x, block, mask, rng):
-      return call(block, x, mask, rng)
+    def body_rng(x, block, mask, rng, bias):
+      return call(block, x, mask, rng, bias)
     return body_rng(x_BxTxD, self.blocks, mask_Bx1xTxT,
-                    jax.random.split(layer_rng, self.cfg.num_layers))
+                    jax.random.split(layer_rng, self.cfg.num_layers), bias_BxNxTxT)
 
 
 def _dropout_active(module: nnx.Module) -> bool:

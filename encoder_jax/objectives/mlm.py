@@ -77,3 +77,17 @@ def mlm_loss(logits_BxPxV: jax.Array, labels_BxP: jax.Array,
   """
   loss, accuracy, count = softmax_cross_entropy(logits_BxPxV, labels_BxP, weights_BxP)
   return loss, {f"{prefix}_loss": loss, f"{prefix}_accuracy": accuracy, f"{prefix}_count": count}
+
+
+def unigram_baseline(logp_V: jax.Array, labels_BxP: jax.Array,
+                     weights_BxP: jax.Array | None = None) -> dict[str, jax.Array]:
+  """What a context-free model scores on the same targets: the cross-entropy of the labels
+  under a unigram distribution `logp_V` (see encoder_jax.data.unigram) and the accuracy of
+  always predicting its most frequent token. Compare with `mlm_loss`'s loss and accuracy."""
+  w = _weights(labels_BxP, weights_BxP)
+  safe = jnp.where(labels_BxP == IGNORE_LABEL, 0, labels_BxP).astype(jnp.int32)
+  nll = -logp_V.astype(jnp.float32)[safe]
+  top = jnp.argmax(logp_V)
+  count = w.sum()
+  return {"unigram_loss": safe_mean((w * nll).sum(), count),
+          "unigram_accuracy": safe_mean((w * (safe == top)).sum(), count)}

@@ -44,7 +44,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from encoder_jax.data import examples, pipeline
+from encoder_jax.data import builders, examples, pipeline, unigram
 from encoder_jax.data.builders import resolve_vocab
 from encoder_jax.data.tokenizer import WordPieceTokenizer
 from encoder_jax.model.config import ModelConfig
@@ -96,7 +96,8 @@ def objective_config(config: ml_collections.ConfigDict,
       mask_id=tok.mask_id, special_ids=specials, mask_rate=o.mask_rate,
       max_predictions=max_pred, mask_frac=o.mask_frac, random_frac=o.random_frac,
       whole_word=o.whole_word, gen_hidden_frac=o.gen_hidden_frac,
-      gen_layers_frac=o.gen_layers_frac, temperature=o.temperature, disc_weight=o.disc_weight)
+      gen_layers_frac=o.gen_layers_frac, temperature=o.temperature, disc_weight=o.disc_weight,
+      masking=o.get("masking", "dynamic"), dupe_factor=o.get("dupe_factor", 10))
 
 
 def example_config(config: ml_collections.ConfigDict) -> examples.ExampleConfig:
@@ -108,12 +109,20 @@ def example_config(config: ml_collections.ConfigDict) -> examples.ExampleConfig:
   return ex
 
 
+def corpus_builder(config: ml_collections.ConfigDict):
+  """The tokenized corpus of `config.data` (built once, then read from the cache)."""
+  d = config.data
+  return builders.prepare_corpus(d.source, d.vocab, data_dir=d.data_dir or None,
+                                 cache_dir=d.cache_dir or None)
+
+
 def make_loader(config: ml_collections.ConfigDict, split: str) -> pipeline.Loader:
   d = config.data
   return pipeline.pretrain_loader(
       source=d.source, vocab=d.vocab, split=split, example=example_config(config),
       global_batch_size=d.batch_size, seed=config.seed, data_dir=d.data_dir or None,
-      cache_dir=d.cache_dir or None, worker_count=d.worker_count)
+      cache_dir=d.cache_dir or None, worker_count=d.worker_count,
+      example_ids=config.objective.get("masking", "dynamic") == "static")
 
 
 @dataclasses.dataclass
@@ -250,6 +259,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
   train_loader = make_loader(config, "train")
   eval_loader = make_loader(config, config.data.eval_split) if eval_every > 0 else None
+  unigram_logp_V, unigram_h = None, None
+  if eval_loader is not None:  # the context-free baseline every eval line is compared with
+    counts = unigram.unigram_counts(corpus_builder(config), "train", s.obj.vocab_size)
+    unigram_logp_V = jax.numpy.asarray(unigram.unigram_log_probs(counts, s.obj.special_ids))
+    unigram_h = unigram.unigram_entropy(counts, s.obj.special_ids)
   train_it = iter(train_loader)
   ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=t.keep)
   start = ckpt.latest_step() or 0
@@ -315,7 +329,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   def evaluate(step: int):
     t0 = time.perf_counter()
     it = iter(eval_loader)
-    outs = [eval_step(state.params, to_device(next(it)), i) for i in range(t.eval_steps)]
+    outs = [eval_step(state.params, to_device(next(it)), i, unigram_logp_V)
+            for i in range(t.eval_steps)]
     scalars = _mean_rows(jax.device_get(outs))
     writer.write(step, "eval", scalars)
     _say(f"eval  step {step}: " + " ".join(f"{k} {v:.4g}" for k, v in sorted(scalars.items())
@@ -398,13 +413,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       mfu=steps_per_s * s.flops_per_step / peak if steady else None, peak_flops=peak,
       num_params=num_params,
       final_train_loss=last["train"].get("loss"), final_eval_loss=last["eval"].get("loss"),
-      final_train=last["train"], final_eval=last["eval"],
+      final_train=last["train"], final_eval=last["eval"], unigram_entropy=unigram_h,
       checkpoints=checkpoints)
   _write_summary(workdir, summary)
   _say(f"done: {step} steps ({stop_reason}) in {format_duration(wall_s)}; summary "
        + json.dumps({k: summary[k] for k in ("steps", "wall_s", "tokens_per_s", "mfu",
                                              "cumulative_flops", "final_train_loss",
                                              "final_eval_loss")}))
+  ev = last["eval"]
+  acc_key = next((k for k in ("mlm_accuracy", "gen_accuracy") if k in ev), None)
+  loss_key = next((k for k in ("mlm_loss", "gen_loss") if k in ev), None)
+  if "unigram_loss" in ev and acc_key and loss_key:
+    _say(f"held-out MLM at step {step}: accuracy {ev[acc_key]:.1%} (unigram baseline "
+         f"{ev['unigram_accuracy']:.1%}), loss {ev[loss_key]:.3f} nats = "
+         f"{ev['unigram_loss'] - ev[loss_key]:.3f} below the unigram baseline's "
+         f"{ev['unigram_loss']:.3f} (corpus unigram entropy {unigram_h:.3f})")
   return summary
 
 

@@ -24,12 +24,14 @@ from encoder_jax.model.config import ModelConfig
 from encoder_jax.model.electra import ElectraModel, generator_config
 from encoder_jax.model.heads import gather_positions
 from encoder_jax.objectives import electra as electra_obj
-from encoder_jax.objectives.masking import mask_tokens
-from encoder_jax.objectives.mlm import mlm_loss
+from encoder_jax.objectives.masking import mask_tokens, static_mask_keys
+from encoder_jax.objectives.mlm import mlm_loss, unigram_baseline
 from encoder_jax.objectives.nsp import sentence_pair_loss
 
 OBJECTIVES = ("mlm", "electra", "electra_15", "replace_mlm", "all_tokens_mlm")
 SENTENCE_TASKS = ("none", "nsp", "sop")
+MASKINGS = ("dynamic", "static")
+_STATIC_MASK_STREAM = 0x57A71C  # folded into the seed key: static masks' own key stream
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,12 +52,20 @@ class ObjectiveConfig:
   gen_layers_frac: float = 1.0
   temperature: float = 1.0
   disc_weight: float | None = None  # None: the variant's default (50 for RTD)
+  # "dynamic": a new mask every time a row is seen (RoBERTa); "static": BERT's offline masks,
+  # a function of (example, epoch % dupe_factor) only (needs example_id/epoch in the batch).
+  masking: str = "dynamic"
+  dupe_factor: int = 10
 
   def __post_init__(self):
     if self.objective not in OBJECTIVES:
       raise ValueError(f"objective={self.objective!r}; choose one of {OBJECTIVES}.")
     if self.sentence_task not in SENTENCE_TASKS:
       raise ValueError(f"sentence_task={self.sentence_task!r}; choose one of {SENTENCE_TASKS}.")
+    if self.masking not in MASKINGS:
+      raise ValueError(f"masking={self.masking!r}; choose one of {MASKINGS}.")
+    if self.dupe_factor < 1:
+      raise ValueError(f"dupe_factor={self.dupe_factor} must be >= 1 (BERT used 10).")
 
   @property
   def is_electra(self) -> bool:
@@ -82,8 +92,16 @@ def build_model(cfg: ModelConfig, obj: ObjectiveConfig, *, rngs: nnx.Rngs):
 
 
 def loss_and_metrics(model, batch: dict[str, jax.Array], key: jax.Array, obj: ObjectiveConfig,
-                     *, train: bool) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Corrupts `batch` with `key`, runs `model`, returns (loss, metrics). Pure; jit it."""
+                     *, train: bool, unigram_logp_V: jax.Array | None = None,
+                     mask_keys_B: jax.Array | None = None
+                     ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Corrupts `batch` with `key`, runs `model`, returns (loss, metrics). Pure; jit it.
+
+  `mask_keys_B` (one key per row) replaces the step's masking key: static masking.
+
+  With `unigram_logp_V` the metrics also hold the unigram baseline scored on the same masked
+  positions (`unigram_loss`, `unigram_accuracy`): the plateau a context-free model reaches.
+  """
   k_mask, k_drop, k_sample = jax.random.split(key, 3)
   drop = k_drop if train else None
   ids_BxT, mask_BxT = batch["input_ids"], batch["mask"].astype(bool)
@@ -91,7 +109,7 @@ def loss_and_metrics(model, batch: dict[str, jax.Array], key: jax.Array, obj: Ob
   maskable_BxT = mask_BxT & ~jnp.isin(ids_BxT, specials)
   mask_frac, random_frac = obj.fractions
   masked = mask_tokens(
-      k_mask, ids_BxT, maskable_BxT, vocab_size=obj.vocab_size, mask_id=obj.mask_id,
+      k_mask if mask_keys_B is None else mask_keys_B, ids_BxT, maskable_BxT, vocab_size=obj.vocab_size, mask_id=obj.mask_id,
       rate=obj.mask_rate, max_predictions=obj.max_predictions, mask_frac=mask_frac,
       random_frac=random_frac, special_ids=obj.special_ids,
       word_starts_BxT=batch.get("word_starts") if obj.whole_word else None)
@@ -108,6 +126,8 @@ def loss_and_metrics(model, batch: dict[str, jax.Array], key: jax.Array, obj: Ob
     nsp_l, nsp_m = sentence_pair_loss(nsp_logits, batch["nsp_label"], prefix=obj.sentence_task)
     loss = loss + nsp_l
     metrics |= nsp_m
+  if unigram_logp_V is not None:
+    metrics |= unigram_baseline(unigram_logp_V, masked.labels_BxP, masked.weights_BxP)
   metrics["loss"] = loss
   return loss, metrics
 
@@ -186,12 +206,27 @@ def step_key(seed: int, step: jax.Array) -> jax.Array:
   return jax.random.fold_in(jax.random.key(seed), step)
 
 
+def static_keys(tr: Trainer, batch) -> jax.Array | None:
+  """Row keys of static masking (None when masking is dynamic): a function of the seed, the
+  row's example id and its epoch % dupe_factor only, so a row is masked identically in every
+  epoch that maps to the same copy, whatever its step or place in the batch."""
+  if tr.obj.masking != "static":
+    return None
+  if "example_id" not in batch or "epoch" not in batch:
+    raise ValueError("objective.masking='static' needs example_id and epoch in every batch; "
+                     "build the loader with example_ids=True.")
+  base = jax.random.fold_in(jax.random.key(tr.seed), _STATIC_MASK_STREAM)
+  return static_mask_keys(base, batch["example_id"], batch["epoch"],
+                          dupe_factor=tr.obj.dupe_factor)
+
+
 def make_train_step(tr: Trainer, state_shardings=None, batch_shardings=None):
   """jit(state, batch) -> (state, metrics), donating the old state."""
   def train_step(state: TrainState, batch):
     def loss_fn(params):
       model = nnx.merge(tr.graphdef_train, params)
-      return loss_and_metrics(model, batch, step_key(tr.seed, state.step), tr.obj, train=True)
+      return loss_and_metrics(model, batch, step_key(tr.seed, state.step), tr.obj, train=True,
+                              mask_keys_B=static_keys(tr, batch))
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = tr.tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
@@ -207,10 +242,12 @@ def make_train_step(tr: Trainer, state_shardings=None, batch_shardings=None):
 
 
 def make_eval_step(tr: Trainer, eval_seed: int = 1234):
-  """jit(params, batch, index) -> metrics in eval mode (no dropout), with masks drawn from a
-  fixed key per eval batch so every evaluation scores the same corrupted inputs."""
-  def eval_step(params, batch, index):
+  """jit(params, batch, index[, unigram_logp_V]) -> metrics in eval mode (no dropout), with
+  masks drawn from a fixed key per eval batch so every evaluation scores the same corrupted
+  inputs; with `unigram_logp_V`, also the unigram baseline on those same positions."""
+  def eval_step(params, batch, index, unigram_logp_V=None):
     model = nnx.merge(tr.graphdef_eval, params)
-    _, metrics = loss_and_metrics(model, batch, step_key(eval_seed, index), tr.obj, train=False)
+    _, metrics = loss_and_metrics(model, batch, step_key(eval_seed, index), tr.obj, train=False,
+                                  unigram_logp_V=unigram_logp_V)
     return metrics
   return jax.jit(eval_step)

@@ -100,6 +100,25 @@ def test_train_vocab(tmp_path):
     train_vocab(["", ""], vocab_size=100, out_path=tmp_path / "empty.txt")
 
 
+def test_trained_vocab_file_is_in_canonical_order(tmp_path):
+  """Specials first, then tokens sorted: the same token set always gives the same file (the
+  trainer's own id order changes from run to run), so the corpus cache keyed by the file's hash
+  is reused whenever the set is the same."""
+  text = SENTENCES * 20 + PAIRS_B * 20
+  lines = train_vocab(text, vocab_size=200, out_path=tmp_path / "v.txt") and (
+      tmp_path / "v.txt").read_text().splitlines()
+  assert lines[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+  assert lines[5:] == sorted(lines[5:]) and len(set(lines)) == len(lines)
+
+
+def test_resolve_vocab_names(tmp_path):
+  from encoder_jax.data.builders import resolve_vocab
+  with pytest.raises(ValueError, match="demo:8192"):
+    resolve_vocab("demo:lots")
+  with pytest.raises(FileNotFoundError, match="demo"):
+    resolve_vocab(str(tmp_path / "nope.txt"))
+
+
 @pytest.mark.parity
 def test_tagging_first_subtoken_labels(tok, hf):
   words = [["Call", "me", "Ishmael", "."], ["Unbelievably", "tokenizable", "words"] * 10]

@@ -66,12 +66,15 @@ def test_numerics_and_vocab_come_from_the_run_config(tmp_path):
   model = _filled(lambda: BertForPreTraining(CFG, nsp=False, rngs=nnx.Rngs(0)))
   _save_train_state(model, tmp_path / "checkpoints")
   (tmp_path / "config.json").write_text(json.dumps(
-      {"model": {"activation": "gelu_tanh", "layer_norm_eps": 1e-7, "num_layers": 2},
+      {"model": {"activation": "gelu_tanh", "layer_norm_eps": 1e-7, "num_layers": 2,
+                 "position_bias": "alibi"},
        "data": {"vocab": "/some/vocab.txt"}}))
   got = bb.load_backbone(f"ckpt:{tmp_path / 'checkpoints'}",
                          model_overrides={"hidden_dropout": 0.0})
-  assert (got.cfg.activation, got.cfg.layer_norm_eps, got.cfg.hidden_dropout) == (
-      "gelu_tanh", 1e-7, 0.0)
+  # position_bias leaves no trace in the parameters: fine-tuning an ALiBi encoder without
+  # its bias would silently be another model.
+  assert (got.cfg.activation, got.cfg.layer_norm_eps, got.cfg.hidden_dropout,
+          got.cfg.position_bias) == ("gelu_tanh", 1e-7, 0.0, "alibi")
   assert got.vocab == "/some/vocab.txt" and got.pooler is None
 
 

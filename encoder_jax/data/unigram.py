@@ -1,0 +1,69 @@
+"""The unigram baseline of a tokenized corpus: what an MLM that ignores context can reach.
+
+Early MLM training predicts every masked token from its frequency alone (Chang & Bergen, TACL
+2022): the "unigram plateau". A run has learned language only once its eval loss is below the
+cross-entropy of the unigram distribution on the same masked positions, and its accuracy above
+the unigram argmax's. The trainer scores both baselines on exactly the positions it evaluates
+(`encoder_jax.objectives.mlm.unigram_baseline`), so the comparison needs no assumption about
+how positions were chosen.
+
+  counts = unigram_counts(builder, "train")          # int64 [V], specials included as counted
+  logp_V = unigram_log_probs(counts, special_ids)    # float32 [V], add-one smoothed
+  unigram_entropy(counts, special_ids)               # nats, of the train distribution itself
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+
+def counts_of(ids_iter: Iterable[np.ndarray], vocab_size: int,
+              max_tokens: int | None = None) -> np.ndarray:
+  """Token counts over the id arrays of `ids_iter`, stopping once `max_tokens` are counted."""
+  counts = np.zeros(vocab_size, np.int64)
+  seen = 0
+  for ids in ids_iter:
+    ids = np.asarray(ids, np.int64)
+    if max_tokens is not None:
+      ids = ids[:max(0, max_tokens - seen)]
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+      raise ValueError(f"token ids in [{ids.min()}, {ids.max()}] fall outside the vocabulary "
+                       f"[0, {vocab_size}); the corpus was tokenized with another vocab.")
+    counts += np.bincount(ids, minlength=vocab_size)
+    seen += ids.size
+    if max_tokens is not None and seen >= max_tokens:
+      break
+  return counts
+
+
+def unigram_counts(builder, split: str, vocab_size: int,
+                   max_tokens: int | None = 50_000_000) -> np.ndarray:
+  """Counts of a tokenized pre-training corpus split (`builders.PretrainCorpus`), document by
+  document (never the whole split in memory); capped at `max_tokens` for web-scale corpora,
+  where 50M tokens pin down every frequency that matters to the baseline."""
+  source = builder.as_data_source(split=split)
+  return counts_of((source[i]["ids"] for i in range(len(source))), vocab_size, max_tokens)
+
+
+def _kept(counts: np.ndarray, special_ids: Sequence[int]) -> np.ndarray:
+  keep = np.ones(len(counts), bool)
+  keep[[s for s in special_ids if 0 <= s < len(counts)]] = False
+  return keep
+
+
+def unigram_log_probs(counts: np.ndarray, special_ids: Sequence[int] = ()) -> np.ndarray:
+  """log p(token) with add-one smoothing over the non-special ids; specials get -inf-like
+  mass (they are never MLM targets). float32 [V]."""
+  keep = _kept(counts, special_ids)
+  c = np.where(keep, counts.astype(np.float64) + 1.0, 0.0)
+  with np.errstate(divide="ignore"):
+    logp = np.log(c / c.sum())
+  return np.where(keep, logp, -1e9).astype(np.float32)
+
+
+def unigram_entropy(counts: np.ndarray, special_ids: Sequence[int] = ()) -> float:
+  """Entropy (nats) of the empirical unigram distribution over non-special tokens."""
+  c = np.where(_kept(counts, special_ids), counts, 0).astype(np.float64)
+  p = c[c > 0] / c.sum()
+  return float(-(p * np.log(p)).sum())
