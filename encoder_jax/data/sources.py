@@ -27,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from absl import logging
 import sentencex
 
-from encoder_jax.data import brown, fetch
+from encoder_jax.data import brown, fetch, rotten_tomatoes
 
 VALIDATION_EVERY = 50  # ~2% of documents go to the pre-training validation split
 
@@ -121,13 +121,22 @@ def _brown_pretraining(cache_dir) -> Iterator[Document]:
       yield Document(f"brown/{d.doc_id}", tuple(d.text_sentences()))
 
 
+def _rotten_tomatoes_train(cache_dir) -> Iterator[Document]:
+  """Unlabeled snippets of the sentiment task's *train* movies, one document per movie (each
+  snippet a sentence): in-domain text for task-adaptive pre-training."""
+  for movie, snippets in sorted(rotten_tomatoes.train_movie_snippets(cache_dir).items()):
+    yield Document(f"rotten_tomatoes/{movie}", tuple(snippets))
+
+
 DEMO_PARTS = ("sotu", "moby_dick", "brown")
+OPTIONAL_PARTS = ("rotten_tomatoes",)  # demo:<parts> may name these too
 
 
 def demo_documents(cache_dir=None, split: str | None = "train",
                    parts: Sequence[str] = DEMO_PARTS) -> list[Document]:
   """The demo pre-training corpus (fetched on first use). split: 'train', 'validation' or None."""
-  readers = {"sotu": _sotu, "moby_dick": _moby_dick, "brown": _brown_pretraining}
+  readers = {"sotu": _sotu, "moby_dick": _moby_dick, "brown": _brown_pretraining,
+             "rotten_tomatoes": _rotten_tomatoes_train}
   docs = [d for p in parts for d in readers[p](cache_dir)]
   return [d for d in docs if d.sentences and (split is None or split_of(d.doc_id) == split)]
 

@@ -177,9 +177,10 @@ def squad_scores(golds: Mapping[str, Sequence[str]], preds: Mapping[str, str],
 
 
 def summarize(values: Sequence[float]) -> dict[str, float]:
-  """Median, mean and (population) std over seeds, with the count."""
+  """Median, mean, (population) std, min and max over seeds, with the count."""
   v = np.asarray(values, np.float64)
   if v.size == 0:
-    return {"median": float("nan"), "mean": float("nan"), "std": float("nan"), "n": 0}
+    nan = float("nan")
+    return {"median": nan, "mean": nan, "std": nan, "min": nan, "max": nan, "n": 0}
   return {"median": float(np.median(v)), "mean": float(v.mean()), "std": float(v.std()),
-          "n": int(v.size)}
+          "min": float(v.min()), "max": float(v.max()), "n": int(v.size)}

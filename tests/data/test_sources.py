@@ -77,3 +77,18 @@ def test_tfds_text_dataset_by_name():
       list(sources.tfds_documents("imdb_reviews", "body", "train"))
     cfg = builders.PretrainCorpusConfig(name="t", source="tfds:imdb_reviews:text")
     assert len(list(builders._documents(cfg, sources.ReadStats()))) == 4
+
+
+def test_rotten_tomatoes_pretraining_part_holds_only_train_movies():
+  """Task-adaptive pre-training text must never include a dev or test snippet of the task."""
+  from encoder_jax.data import rotten_tomatoes
+  rows = rotten_tomatoes.rows()
+  split = rotten_tomatoes.split_movies(sorted({r["movie"] for r in rows}))
+  docs = sources.demo_documents(split=None, parts=("rotten_tomatoes",))
+  movies = {d.doc_id.split("/", 1)[1] for d in docs}
+  assert movies == {m for m, s in split.items() if s == "train"}
+  train_texts = {r["text"] for r in rows if split[r["movie"]] == "train"}
+  held_out = {r["text"] for r in rows if split[r["movie"]] != "train"}
+  # The source repeats one snippet under a train and a test movie; nothing else is shared.
+  assert not (held_out - train_texts) & {s for d in docs for s in d.sentences}
+  assert sum(len(d.sentences) for d in docs) == sum(split[r["movie"]] == "train" for r in rows)

@@ -104,4 +104,5 @@ def test_squad_v1_rules_differ_on_empty_strings():
 def test_summarize():
   s = M.summarize([0.8, 0.9, 0.7, 1.0])
   assert s == {"median": pytest.approx(0.85), "mean": pytest.approx(0.85),
-               "std": pytest.approx(np.std([0.8, 0.9, 0.7, 1.0])), "n": 4}
+               "std": pytest.approx(np.std([0.8, 0.9, 0.7, 1.0])), "min": 0.7, "max": 1.0,
+               "n": 4}
