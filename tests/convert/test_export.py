@@ -5,6 +5,7 @@ the BERT uncased vocab), a few steps each. The exported parameters are compared 
 checkpoint read independently (Orbax without a target), and transformers must load the
 folders with nothing missing, tokenize like us and compute what our model computes.
 """
+import json
 import pathlib
 import subprocess
 import sys
@@ -87,6 +88,8 @@ def test_mlm_run_exports_as_bert_for_masked_lm(mlm_run, tmp_path):
   assert export.export_run(workdir, out) == [out]  # newest step: 2
   assert {p.name for p in out.iterdir()} == {"config.json", "model.safetensors", "vocab.txt",
                                              "tokenizer_config.json"}
+  # No NSP head in this run: HF's class with exactly these tensors.
+  assert json.loads((out / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
   ours = load_hf_bert(out, pretraining=True, nsp=False)
   _assert_equal_trees(_pure_params(ours), _checkpoint_params(workdir, 2))
 
