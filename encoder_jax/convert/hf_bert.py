@@ -4,8 +4,8 @@ Import: `load_hf_bert(dir)` reads `config.json` + `model.safetensors` of a HF `B
 `BertForPreTraining` checkpoint and returns our `BertModel` / `BertForPreTraining` with the
 same numbers (tests/convert: max abs diff vs transformers <= 1e-5).
 Export: `export_hf_bert(model, dir)` writes a checkpoint that `transformers.BertModel` /
-`BertForPreTraining.from_pretrained(dir)` loads; import(export(params)) is bit-exact (pure
-transposes and reshapes).
+`BertForPreTraining` (`BertForMaskedLM` for a model without NSP) `.from_pretrained(dir)` loads;
+import(export(params)) is bit-exact (pure transposes and reshapes).
 
 Layout differences handled here: torch Linear weights are [out, in] (ours [in, out]); BERT's
 separate query/key/value become our fused [D, 3, N, H] kernel; scanned stacks hold every
@@ -149,7 +149,10 @@ def _encoder_from_hf(t: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, An
     blocks = jax.tree.map(lambda *xs: np.stack(xs), *layers)
   else:
     blocks = dict(enumerate(layers))
-  return {"embeddings": emb, "blocks": blocks}
+  enc = {"embeddings": emb, "blocks": blocks}
+  if cfg.embed_size != cfg.hidden_size:  # ELECTRA's embeddings_project (BERT has none)
+    enc["embed_proj"] = _dense_from_hf(t, "embeddings_project")
+  return enc
 
 
 def _encoder_to_hf(enc: dict[str, Any], cfg: ModelConfig) -> dict[str, np.ndarray]:
@@ -159,6 +162,8 @@ def _encoder_to_hf(enc: dict[str, Any], cfg: ModelConfig) -> dict[str, np.ndarra
          **_ln_to_hf(enc["embeddings"]["ln"], f"{e}LayerNorm")}
   if cfg.type_vocab_size:
     out[f"{e}token_type_embeddings.weight"] = enc["embeddings"]["token_type"]["embedding"]
+  if cfg.embed_size != cfg.hidden_size:
+    out.update(_dense_to_hf(enc["embed_proj"], "embeddings_project"))
   for i in range(cfg.num_layers):
     layer = (jax.tree.map(lambda x, i=i: x[i], enc["blocks"]) if cfg.scan_layers
              else enc["blocks"][i])
@@ -223,13 +228,8 @@ def _pure_params(model: nnx.Module) -> dict[str, Any]:
   return jax.tree.map(np.asarray, pure)
 
 
-def load_hf_bert(path: str | os.PathLike, *, pretraining: bool = False, nsp: bool = True,
-                 pooler: bool = True, **config_overrides: Any):
-  """Loads a HF BERT checkpoint directory as our BertModel (or BertForPreTraining).
-
-  `config_overrides` change numerics, not shapes (e.g. scan_layers=False, dtype="bfloat16",
-  hidden_dropout=0.0). The model is returned in eval mode.
-  """
+def read_hf_folder(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+  """(config.json as a dict, the tensors of model.safetensors) of a HF checkpoint folder."""
   path = pathlib.Path(path)
   cfg_file, st_file = path / "config.json", path / "model.safetensors"
   for f in (cfg_file, st_file):
@@ -237,9 +237,22 @@ def load_hf_bert(path: str | os.PathLike, *, pretraining: bool = False, nsp: boo
       raise FileNotFoundError(f"{f} not found: a HF checkpoint directory needs config.json and "
                               "model.safetensors (convert .bin checkpoints with transformers' "
                               "save_pretrained(safe_serialization=True) first).")
-  cfg = hf_config_to_model_config(json.loads(cfg_file.read_text()), **config_overrides)
-  params = hf_tensors_to_params(load_file(str(st_file)), cfg, pretraining=pretraining,
-                                nsp=nsp, pooler=pooler)
+  return json.loads(cfg_file.read_text()), load_file(str(st_file))
+
+
+def load_hf_bert(path: str | os.PathLike, *, pretraining: bool = False, nsp: bool = True,
+                 pooler: bool = True, **config_overrides: Any):
+  """Loads a HF BERT checkpoint directory as our BertModel (or BertForPreTraining).
+
+  `config_overrides` change numerics, not shapes (e.g. scan_layers=False, dtype="bfloat16",
+  hidden_dropout=0.0). The model is returned in eval mode.
+  """
+  hf_cfg, tensors = read_hf_folder(path)
+  if hf_cfg.get("model_type") == "electra":
+    raise ValueError(f"{path} is an ELECTRA checkpoint (model_type='electra'); load it with "
+                     "encoder_jax.convert.load_hf_electra.")
+  cfg = hf_config_to_model_config(hf_cfg, **config_overrides)
+  params = hf_tensors_to_params(tensors, cfg, pretraining=pretraining, nsp=nsp, pooler=pooler)
   # Build the module abstractly (no random init of ~100M numbers we would overwrite at once),
   # then fill every parameter from the checkpoint.
   model = nnx.eval_shape(lambda: BertForPreTraining(cfg, nsp=nsp, rngs=nnx.Rngs(0))
@@ -266,19 +279,46 @@ def _assign(model: nnx.Module, params: dict[str, Any]) -> None:
   nnx.update(model, state)
 
 
-def export_hf_bert(model: BertModel | BertForPreTraining, out_dir: str | os.PathLike) -> None:
-  """Writes config.json + model.safetensors loadable by transformers (atomically)."""
+def export_hf_bert(model: BertModel | BertForPreTraining, out_dir: str | os.PathLike, *,
+                   vocab: str | os.PathLike | None = None) -> None:
+  """Writes config.json + model.safetensors loadable by transformers (atomically).
+
+  BertForPreTraining with NSP exports as HF `BertForPreTraining`; without NSP (no pooler, no
+  NSP head: RoBERTa-style runs) as `BertForMaskedLM`, which has exactly those tensors, so
+  transformers loads it with nothing missing or randomly initialised. `vocab`: a vocab.txt to
+  copy beside the weights (with a tokenizer_config.json), so AutoTokenizer loads the folder.
+  """
   pretraining = isinstance(model, BertForPreTraining)
   cfg = model.cfg
-  arch = ["BertForPreTraining"] if pretraining else ["BertModel"]
+  if not pretraining:
+    arch = ["BertModel"]
+  else:
+    arch = ["BertForPreTraining"] if model.nsp is not None else ["BertForMaskedLM"]
   hf_cfg = model_config_to_hf_config(cfg, arch)
   tensors = params_to_hf_tensors(_pure_params(model), cfg, pretraining=pretraining)
-  tensors = {k: v.astype(np.float32) for k, v in tensors.items()}
+  write_hf_folder(out_dir, hf_cfg, tensors, vocab=vocab)
+
+
+def write_hf_folder(out_dir: str | os.PathLike, hf_cfg: dict[str, Any],
+                    tensors: dict[str, np.ndarray], *,
+                    vocab: str | os.PathLike | None = None) -> None:
+  """config.json + model.safetensors (fp32) [+ vocab.txt + tokenizer_config.json], each file
+  written to a temporary in `out_dir` and renamed: a crash never leaves a half file."""
+  tensors = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()}
+  files = {"config.json": json.dumps(hf_cfg, indent=2) + "\n"}
+  if vocab is not None:
+    files["vocab.txt"] = pathlib.Path(vocab).read_text(encoding="utf-8")
+    # encoder_jax's WordPiece pipeline is BERT's uncased one (lowercase + strip accents).
+    files["tokenizer_config.json"] = json.dumps({
+        "tokenizer_class": "BertTokenizer", "do_lower_case": True,
+        "model_max_length": hf_cfg["max_position_embeddings"], "unk_token": "[UNK]",
+        "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+        "mask_token": "[MASK]"}, indent=2) + "\n"
   out_dir = pathlib.Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
-  # Write to temporaries in the same folder, then rename: a crash never leaves a half file.
   with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
     save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
-    pathlib.Path(tmp, "config.json").write_text(json.dumps(hf_cfg, indent=2) + "\n")
-    for name in ("model.safetensors", "config.json"):
+    for name, text in files.items():
+      pathlib.Path(tmp, name).write_text(text, encoding="utf-8")
+    for name in ("model.safetensors", *files):
       os.replace(os.path.join(tmp, name), out_dir / name)

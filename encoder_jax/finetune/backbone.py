@@ -1,9 +1,9 @@
 """The fine-tuning model (encoder + task head) and where its encoder comes from.
 
 Backbones:
-  hf:<dir> | minilm   a HF BERT checkpoint (config.json + model.safetensors) through
-                      encoder_jax.convert; its pooler initialises the [CLS] classifier's pooler
-                      (as HF's BertForSequenceClassification does).
+  hf:<dir> | minilm   a HF BERT or ELECTRA checkpoint (config.json + model.safetensors)
+                      through encoder_jax.convert; a BERT pooler initialises the [CLS]
+                      classifier's pooler (as HF's BertForSequenceClassification does).
   ckpt:<dir>          our pre-training checkpoint: an Orbax checkpoint of
                       encoder_jax.train.step.TrainState(step, params, opt_state) whose params
                       are the nnx.State of BertForPreTraining (`params['bert']['encoder']`,
@@ -92,9 +92,15 @@ def load_backbone(init: str, *, model_overrides: dict[str, Any] | None = None,
       raise ValueError("init='random' needs a model config (config.model, or model_like).")
     return Backbone(random_config.replace(**overrides), None, None, "random", random_vocab)
   if init == "minilm" or init.startswith("hf:"):
-    from encoder_jax.convert import load_hf_bert
+    from encoder_jax.convert import load_hf_bert, load_hf_electra
     from encoder_jax.data.fetch import minilm_dir
     path = minilm_dir(cache_dir) if init == "minilm" else pathlib.Path(init[3:])
+    if hf_model_type(path) == "electra":
+      # An ELECTRA discriminator (or generator) folder: its encoder; ELECTRA has no pooler,
+      # so a [CLS] classifier's pooler starts from the fine-tuning seed.
+      model = load_hf_electra(path, **overrides)
+      enc = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model.encoder, nnx.Param)))
+      return Backbone(model.cfg, enc, None, f"hf:{path}")
     model = load_hf_bert(path, **overrides)
     enc = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model.encoder, nnx.Param)))
     pooler = (None if model.pooler is None else
@@ -103,6 +109,12 @@ def load_backbone(init: str, *, model_overrides: dict[str, Any] | None = None,
   if init.startswith("ckpt:"):
     return load_pretraining_checkpoint(init[5:], **overrides)
   raise ValueError(f"init={init!r}; use 'minilm', 'hf:<dir>', 'ckpt:<dir>' or 'random'.")
+
+
+def hf_model_type(path) -> str | None:
+  """config.json's model_type of a HF checkpoint folder ('bert', 'electra', ...)."""
+  cfg_file = pathlib.Path(path) / "config.json"
+  return json.loads(cfg_file.read_text()).get("model_type") if cfg_file.is_file() else None
 
 
 def hf_model_config(path, **overrides) -> ModelConfig:

@@ -8,10 +8,11 @@ the shared token table. Objectives live in encoder_jax.objectives.electra.
 """
 from __future__ import annotations
 
+import jax
 from flax import nnx
 
 from encoder_jax.model.config import ModelConfig
-from encoder_jax.model.encoder import Encoder
+from encoder_jax.model.encoder import Encoder, EncoderOutput
 from encoder_jax.model.heads import MlmHead, NspHead, Pooler, RtdHead
 
 
@@ -61,3 +62,41 @@ class ElectraModel(nnx.Module):
   @property
   def token_embed(self) -> nnx.Embed:
     return self.discriminator.embeddings.token
+
+
+class ElectraDiscriminator(nnx.Module):
+  """Encoder + optional RTD head (= HF ElectraForPreTraining; without the head, ElectraModel).
+
+  `__call__` returns (RTD logits [B, T] or None, EncoderOutput).
+  """
+
+  def __init__(self, cfg: ModelConfig, *, rtd: bool = True, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.encoder = Encoder(cfg, rngs=rngs)
+    self.rtd = RtdHead(cfg, rngs=rngs) if rtd else None
+
+  def __call__(self, input_ids_BxT, mask_BxT=None, token_types_BxT=None, segment_ids_BxT=None,
+               positions_BxT=None, *, dropout_rng=None
+               ) -> tuple[jax.Array | None, EncoderOutput]:
+    out = self.encoder(input_ids_BxT, mask_BxT, token_types_BxT, segment_ids_BxT,
+                       positions_BxT, dropout_rng=dropout_rng)
+    return (None if self.rtd is None else self.rtd(out.hidden_BxTxD)), out
+
+
+class ElectraGenerator(nnx.Module):
+  """Encoder + MLM head tied to its own token table (= HF ElectraForMaskedLM).
+
+  `__call__` returns (MLM logits [B, P, V] at `mlm_positions_BxP`, or [B, T, V], EncoderOutput).
+  """
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.encoder = Encoder(cfg, rngs=rngs)
+    self.mlm = MlmHead(cfg, rngs=rngs)
+
+  def __call__(self, input_ids_BxT, mask_BxT=None, token_types_BxT=None, segment_ids_BxT=None,
+               positions_BxT=None, *, mlm_positions_BxP=None, dropout_rng=None
+               ) -> tuple[jax.Array, EncoderOutput]:
+    out = self.encoder(input_ids_BxT, mask_BxT, token_types_BxT, segment_ids_BxT,
+                       positions_BxT, dropout_rng=dropout_rng)
+    return self.mlm(out.hidden_BxTxD, self.encoder.embeddings.token, mlm_positions_BxP), out

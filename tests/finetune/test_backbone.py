@@ -114,3 +114,14 @@ def test_hf_folder_backbone(tmp_path):
   _assert_same(_pure(ft.head.pooler), _pure(model.pooler))
   # Mean pooling has no pooler to fill; building still works and the head is fresh.
   assert bb.build_model(got, "classify", 2, pooling="mean", seed=0).head.pooler is None
+
+
+def test_hf_electra_folder_backbone(tmp_path):
+  from encoder_jax.convert import export_hf_electra
+  from encoder_jax.model.electra import ElectraDiscriminator
+  disc = _filled(lambda: ElectraDiscriminator(CFG.replace(embedding_size=8), rngs=nnx.Rngs(4)))
+  export_hf_electra(disc, tmp_path / "hf")
+  got = bb.load_backbone(f"hf:{tmp_path / 'hf'}", model_overrides={"hidden_dropout": 0.0})
+  assert got.cfg == disc.cfg.replace(hidden_dropout=0.0) and got.pooler is None
+  ft = bb.build_model(got, "classify", 2, pooling="cls", seed=0)
+  _assert_same(_pure(ft.encoder), _pure(disc.encoder))

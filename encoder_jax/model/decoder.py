@@ -1,0 +1,208 @@
+"""A Transformer decoder on the encoder's memory: seq2seq on top of `EncoderOutput`.
+
+  model = Seq2Seq(enc_cfg, dec_cfg, rngs=nnx.Rngs(0))
+  logits_BxTxV = model(src_ids_BxS, tgt_in_BxT)                       # teacher forcing
+  out_BxL = greedy_decode(model, src_ids_BxS, bos_id=1, eos_id=2, max_len=12)
+
+The encoder hands over all S vectors and its padding mask (`EncoderOutput`); every decoder
+block attends causally to the target so far, then to that memory with the memory's mask as the
+key mask (padded memory slots are never attended, whatever they hold), then applies its FFN.
+
+Shapes in names: B batch, T target length, S memory (source) length, D decoder width,
+M memory width, N heads, H head dim, V vocabulary. Masks are boolean, True = may attend.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from encoder_jax.model.attention import MultiHeadAttention, init_normal
+from encoder_jax.model.config import ModelConfig
+from encoder_jax.model.dropout import Dropout
+from encoder_jax.model.encoder import (Embeddings, Encoder, EncoderOutput, activation_fn, dense,
+                                       layer_norm, validate_inputs)
+
+
+def make_causal_mask(mask_BxT: jax.Array) -> jax.Array:
+  """Boolean [B, 1, T, T]: query i sees key j iff j <= i and key j is a real token."""
+  t = mask_BxT.shape[1]
+  causal_1x1xTxT = jnp.tril(jnp.ones((t, t), bool))[None, None]
+  return causal_1x1xTxT & mask_BxT.astype(bool)[:, None, None, :]
+
+
+def make_memory_mask(memory_mask_BxS: jax.Array, t: int) -> jax.Array:
+  """Boolean [B, 1, T, S]: every target position sees exactly the real memory slots."""
+  b, s = memory_mask_BxS.shape
+  return jnp.broadcast_to(memory_mask_BxS.astype(bool)[:, None, None, :], (b, 1, t, s))
+
+
+class CrossAttention(MultiHeadAttention):
+  """Multi-head attention from decoder queries to the encoder's memory.
+
+  Keys and values come from one fused [M, 2, N, H] kernel (one matmul over the memory, as the
+  self-attention fuses Q, K and V), queries from a [D, N, H] kernel; both sharded on 'heads'.
+  The attention itself is MultiHeadAttention's: `jax.nn.dot_product_attention` (its
+  `attention_impl`) unless attention-probability dropout is on (explicit fp32 softmax), and a
+  query that may see no memory slot (a row of pure padding) outputs zeros.
+  """
+
+  def __init__(self, cfg: ModelConfig, *, memory_size: int | None = None, rngs: nnx.Rngs):
+    # MultiHeadAttention.__init__ is not called: its fused QKV kernel reads one input only.
+    d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
+    m = memory_size or d
+    init, pdt = init_normal(cfg), cfg.storage_dtype
+    param = lambda value, axes: nnx.Param(value, out_sharding=axes, eager_sharding=False)
+    self.q_kernel = param(init(rngs.params(), (d, n, h), pdt), ("embed", "heads", "kv"))
+    self.q_bias = param(jnp.zeros((n, h), pdt), ("heads", "kv"))
+    self.kv_kernel = param(init(rngs.params(), (m, 2, n, h), pdt),
+                           ("embed", None, "heads", "kv"))
+    self.kv_bias = param(jnp.zeros((2, n, h), pdt), (None, "heads", "kv"))
+    self.out_kernel = param(init(rngs.params(), (n, h, d), pdt), ("heads", "kv", "embed"))
+    self.out_bias = param(jnp.zeros((d,), pdt), ("embed",))
+    self.dropout = Dropout(cfg.attention_dropout, deterministic=True)
+    self.dtype = cfg.compute_dtype
+    self.attention_impl = cfg.attention_impl
+
+  def __call__(self, x_BxTxD: jax.Array, memory: EncoderOutput, *,
+               dropout_rng: jax.Array | None = None) -> jax.Array:
+    dt = self.dtype
+    x_BxTxD = x_BxTxD.astype(dt)
+    q_BxTxNxH = (jnp.einsum("btd,dnh->btnh", x_BxTxD, self.q_kernel[...].astype(dt))
+                 + self.q_bias[...].astype(dt)[None, None])
+    kv_BxSx2xNxH = (jnp.einsum("bsm,mcnh->bscnh", memory.hidden_BxTxD.astype(dt),
+                               self.kv_kernel[...].astype(dt))
+                    + self.kv_bias[...].astype(dt)[None, None])
+    k_BxSxNxH, v_BxSxNxH = kv_BxSx2xNxH[:, :, 0], kv_BxSx2xNxH[:, :, 1]
+    mask_Bx1xTxS = make_memory_mask(memory.mask_BxT, x_BxTxD.shape[1])
+    if self.dropout.deterministic or self.dropout.rate == 0.0:
+      out_BxTxNxH = self._fused_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS)
+    else:
+      out_BxTxNxH = self._explicit_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS,
+                                             dropout_rng)
+    # No real memory slot (an empty source): zeros, never an average of padding.
+    any_Bx1x1x1 = jnp.any(memory.mask_BxT, axis=-1)[:, None, None, None]
+    out_BxTxNxH = jnp.where(any_Bx1x1x1, out_BxTxNxH, 0)
+    return (jnp.einsum("btnh,nhd->btd", out_BxTxNxH, self.out_kernel[...].astype(dt))
+            + self.out_bias[...].astype(dt)[None, None])
+
+
+def _fold(rng: jax.Array | None, i: int) -> jax.Array | None:
+  return None if rng is None else jax.random.fold_in(rng, i)
+
+
+class DecoderBlock(nnx.Module):
+  """One Transformer decoder layer.
+
+  post-LN (`norm_first=False`): x = LN(x + Drop(SelfAttn(x)));  x = LN(x + Drop(Cross(x, mem)))
+                                x = LN(x + Drop(FFN(x)))
+  pre-LN (`norm_first=True`):   x = x + Drop(SelfAttn(LN(x)));  x = x + Drop(Cross(LN(x), mem))
+                                x = x + Drop(FFN(LN(x)))
+  Equal to torch.nn.TransformerDecoderLayer(norm_first=False|True, activation="gelu") in eval
+  mode (tests/model/test_decoder.py).
+  """
+
+  def __init__(self, cfg: ModelConfig, *, memory_size: int | None = None, rngs: nnx.Rngs):
+    d, f = cfg.hidden_size, cfg.ffn_size
+    self.self_attn = MultiHeadAttention(cfg, rngs=rngs)
+    self.ln_self = layer_norm(cfg, d, rngs=rngs)
+    self.cross_attn = CrossAttention(cfg, memory_size=memory_size, rngs=rngs)
+    self.ln_cross = layer_norm(cfg, d, rngs=rngs)
+    self.ffn_in = dense(cfg, d, f, ("embed", "mlp"), rngs=rngs)
+    self.ffn_out = dense(cfg, f, d, ("mlp", "embed"), rngs=rngs)
+    self.ln_ffn = layer_norm(cfg, d, rngs=rngs)
+    self.dropout = Dropout(cfg.hidden_dropout, deterministic=True)
+    self.norm_first = cfg.norm_first
+    self.act = cfg.activation
+
+  def __call__(self, x_BxTxD, self_mask_Bx1xTxT, memory: EncoderOutput, dropout_rng=None):
+    drop = lambda y, i: self.dropout(y, rngs=_fold(dropout_rng, i))
+    self_attn = lambda y: self.self_attn(y, self_mask_Bx1xTxT, dropout_rng=_fold(dropout_rng, 3))
+    cross = lambda y: self.cross_attn(y, memory, dropout_rng=_fold(dropout_rng, 4))
+    ffn = lambda y: self.ffn_out(activation_fn(self.act)(self.ffn_in(y)))
+    if self.norm_first:
+      x_BxTxD = x_BxTxD + drop(self_attn(self.ln_self(x_BxTxD)), 0)
+      x_BxTxD = x_BxTxD + drop(cross(self.ln_cross(x_BxTxD)), 1)
+      return x_BxTxD + drop(ffn(self.ln_ffn(x_BxTxD)), 2)
+    x_BxTxD = self.ln_self(x_BxTxD + drop(self_attn(x_BxTxD), 0))
+    x_BxTxD = self.ln_cross(x_BxTxD + drop(cross(x_BxTxD), 1))
+    return self.ln_ffn(x_BxTxD + drop(ffn(x_BxTxD), 2))
+
+
+class Decoder(nnx.Module):
+  """Embeddings (token + learned position, LayerNorm) -> L decoder blocks -> final LN (pre-LN).
+
+  The blocks are unrolled (decoders here are small; the encoder is where scanning pays).
+  `memory_size`: the encoder's width, when it differs from this decoder's hidden_size.
+  """
+
+  def __init__(self, cfg: ModelConfig, *, memory_size: int | None = None, rngs: nnx.Rngs):
+    if cfg.embed_size != cfg.hidden_size:
+      raise ValueError(f"Decoder: embedding_size={cfg.embed_size} != hidden_size="
+                       f"{cfg.hidden_size}; the decoder has no embedding projection, leave "
+                       "embedding_size unset.")
+    self.cfg = cfg
+    self.embeddings = Embeddings(cfg, rngs=rngs)
+    self.blocks = nnx.List([DecoderBlock(cfg, memory_size=memory_size, rngs=rngs)
+                            for _ in range(cfg.num_layers)])
+    self.final_ln = layer_norm(cfg, cfg.hidden_size, rngs=rngs) if cfg.norm_first else None
+
+  def __call__(self, ids_BxT, memory: EncoderOutput, mask_BxT=None, *,
+               dropout_rng=None) -> jax.Array:
+    """Hidden states [B, T, D] of the target `ids_BxT` (mask default: ids != pad)."""
+    ids_BxT, mask_BxT, types_BxT, _, positions_BxT = validate_inputs(self.cfg, ids_BxT, mask_BxT)
+    x_BxTxD = self.embeddings(ids_BxT, types_BxT, positions_BxT,
+                              dropout_rng=_fold(dropout_rng, 0))
+    self_mask_Bx1xTxT = make_causal_mask(mask_BxT)
+    for i, block in enumerate(self.blocks):
+      x_BxTxD = block(x_BxTxD, self_mask_Bx1xTxT, memory, _fold(dropout_rng, i + 1))
+    return x_BxTxD if self.final_ln is None else self.final_ln(x_BxTxD)
+
+
+class Seq2Seq(nnx.Module):
+  """Encoder + Decoder cross-attending to its memory + LM head tied to the target embedding."""
+
+  def __init__(self, enc_cfg: ModelConfig, dec_cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.encoder = Encoder(enc_cfg, rngs=rngs)
+    self.decoder = Decoder(dec_cfg, memory_size=enc_cfg.hidden_size, rngs=rngs)
+    self.lm_bias = nnx.Param(jnp.zeros((dec_cfg.vocab_size,), dec_cfg.storage_dtype),
+                             out_sharding=("vocab",), eager_sharding=False)
+
+  def encode(self, src_ids_BxS, src_mask_BxS=None, *, dropout_rng=None) -> EncoderOutput:
+    return self.encoder(src_ids_BxS, src_mask_BxS, dropout_rng=dropout_rng)
+
+  def decode(self, tgt_ids_BxT, memory: EncoderOutput, tgt_mask_BxT=None, *,
+             dropout_rng=None) -> jax.Array:
+    """fp32 next-token logits [B, T, V] at every target position."""
+    h_BxTxD = self.decoder(tgt_ids_BxT, memory, tgt_mask_BxT, dropout_rng=dropout_rng)
+    logits_BxTxV = self.decoder.embeddings.token.attend(h_BxTxD).astype(jnp.float32)
+    return logits_BxTxV + self.lm_bias[...].astype(jnp.float32)[None, None]
+
+  def __call__(self, src_ids_BxS, tgt_ids_BxT, src_mask_BxS=None, tgt_mask_BxT=None, *,
+               dropout_rng=None) -> jax.Array:
+    memory = self.encode(src_ids_BxS, src_mask_BxS, dropout_rng=_fold(dropout_rng, 0))
+    return self.decode(tgt_ids_BxT, memory, tgt_mask_BxT, dropout_rng=_fold(dropout_rng, 1))
+
+
+@nnx.jit(static_argnames=("bos_id", "eos_id", "max_len"))
+def greedy_decode(model: Seq2Seq, src_ids_BxS, src_mask_BxS=None, *, bos_id: int, eos_id: int,
+                  max_len: int) -> jax.Array:
+  """Greedy decoding: [B, max_len] ids starting with `bos_id`; after `eos_id`, pads.
+
+  The memory is encoded once; each step re-runs the decoder over the fixed-size buffer (the
+  causal mask keeps later, not yet written slots invisible), which is cheap at toy lengths
+  and needs no key/value cache.
+  """
+  memory = model.encode(src_ids_BxS, src_mask_BxS)
+  b, pad = src_ids_BxS.shape[0], model.decoder.cfg.pad_token_id
+  ids_BxL = jnp.full((b, max_len), pad, jnp.int32).at[:, 0].set(bos_id)
+  done_B = jnp.zeros((b,), bool)
+
+  def step(t, carry):
+    ids_BxL, done_B = carry
+    logits_BxV = model.decode(ids_BxL, memory, jnp.ones_like(ids_BxL, bool))[:, t]
+    next_B = jnp.where(done_B, pad, jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32))
+    return ids_BxL.at[:, t + 1].set(next_B), done_B | (next_B == eos_id)
+
+  ids_BxL, _ = jax.lax.fori_loop(0, max_len - 1, step, (ids_BxL, done_B))
+  return ids_BxL

@@ -1,0 +1,151 @@
+"""`python -m encoder_jax.convert.export`: a real (tiny) pre-training run -> HF folders.
+
+The runs use tests/train/test_loop.py's corpus and tiny config (1 block, d=32, rows of 32,
+the BERT uncased vocab), a few steps each. The exported parameters are compared with the
+checkpoint read independently (Orbax without a target), and transformers must load the
+folders with nothing missing, tokenize like us and compute what our model computes.
+"""
+import json
+import pathlib
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "train"))
+from test_loop import env, tiny_config  # noqa: E402,F401  (env: the module's corpus fixture)
+
+from encoder_jax.convert import export  # noqa: E402
+from encoder_jax.convert import load_hf_bert, load_hf_electra_pair  # noqa: E402
+from encoder_jax.convert.hf_bert import _pure_params  # noqa: E402
+from encoder_jax.data.tokenizer import WordPieceTokenizer  # noqa: E402
+from encoder_jax.train import loop  # noqa: E402
+
+pytestmark = pytest.mark.parity
+TOL = 1e-5
+TEXTS = ["Call me Ishmael.", "The state of our union is strong, and growing."]
+
+
+def _train(env, workdir, objective="mlm", **model):
+  config = tiny_config(env, steps=2, checkpoint_every=1, eval_every=0)
+  # No dropout: the explicit attention path would double the step's compile time.
+  config.model.update(dict(hidden_dropout=0.0, attention_dropout=0.0, **model))
+  config.objective.objective = objective
+  loop.train_and_evaluate(config, str(workdir))
+  return workdir
+
+
+@pytest.fixture(scope="module")
+def mlm_run(env, tmp_path_factory):
+  return _train(env, tmp_path_factory.mktemp("mlm_run"))
+
+
+@pytest.fixture(scope="module")
+def electra_run(env, tmp_path_factory):
+  # ELECTRA-small's embedding projection: embeddings 16 wide, hidden 32 (generator hidden 8).
+  return _train(env, tmp_path_factory.mktemp("electra_run"), "electra", embedding_size=16)
+
+
+def _checkpoint_params(workdir, step):
+  """The run's parameters at `step`, read by Orbax alone (no model, no abstract state)."""
+  raw = ocp.StandardCheckpointer().restore(workdir / "checkpoints" / str(step) / "state")
+  unwrap = lambda t: ({k: unwrap(v) for k, v in t.items()} if not set(t) == {"value"}
+                      else np.asarray(t["value"])) if isinstance(t, dict) else np.asarray(t)
+  return unwrap(raw["params"])
+
+
+def _assert_equal_trees(a, b):
+  strkeys = lambda t: ({str(k): strkeys(v) for k, v in t.items()} if isinstance(t, dict)
+                       else np.asarray(t))
+  a, b = strkeys(a), strkeys(b)
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  jax.tree.map(np.testing.assert_array_equal, a, b)
+
+
+def _hf_inputs(folder):
+  """Our tokenizer's batch, checked against AutoTokenizer loaded from the exported folder."""
+  ours = WordPieceTokenizer.from_vocab(folder / "vocab.txt").batch_encode_pairs(TEXTS,
+                                                                                max_length=16)
+  hf_tok = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+  theirs = hf_tok(TEXTS, padding="max_length", max_length=16, truncation=True,
+                  return_tensors="np")
+  np.testing.assert_array_equal(theirs["input_ids"], ours["input_ids"])
+  return ({k: torch.tensor(np.asarray(theirs[k])) for k in ("input_ids", "attention_mask",
+                                                            "token_type_ids")},
+          ours["mask"].astype(bool))
+
+
+def test_mlm_run_exports_as_bert_for_masked_lm(mlm_run, tmp_path):
+  workdir = mlm_run
+  out = tmp_path / "hf"
+  assert export.export_run(workdir, out) == [out]  # newest step: 2
+  assert {p.name for p in out.iterdir()} == {"config.json", "model.safetensors", "vocab.txt",
+                                             "tokenizer_config.json"}
+  # No NSP head in this run: HF's class with exactly these tensors.
+  assert json.loads((out / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
+  ours = load_hf_bert(out, pretraining=True, nsp=False)
+  _assert_equal_trees(_pure_params(ours), _checkpoint_params(workdir, 2))
+
+  hf, info = transformers.AutoModelForMaskedLM.from_pretrained(out, local_files_only=True,
+                                                               output_loading_info=True)
+  assert type(hf).__name__ == "BertForMaskedLM"
+  assert not info["missing_keys"] and not info["unexpected_keys"], info
+  inputs, mask = _hf_inputs(out)
+  with torch.no_grad():
+    ref = hf.eval()(**inputs).logits.numpy()
+  logits, _, _ = ours(*(inputs[k].numpy() for k in ("input_ids", "attention_mask",
+                                                    "token_type_ids")))
+  assert np.abs(np.asarray(logits)[mask] - ref[mask]).max() <= TOL
+
+
+def test_electra_run_command_exports_discriminator_and_generator(electra_run, tmp_path):
+  workdir = electra_run
+  out = tmp_path / "hf"
+  cmd = [sys.executable, "-m", "encoder_jax.convert.export", f"--workdir={workdir}",
+         "--step=1", f"--out={out}"]
+  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  gen_dir = out / "generator"
+  assert f"wrote {gen_dir}" in proc.stdout
+
+  ours = load_hf_electra_pair(out, gen_dir)
+  at_1, at_2 = _checkpoint_params(workdir, 1), _checkpoint_params(workdir, 2)
+  _assert_equal_trees(_pure_params(ours), at_1)  # --step=1, not the newest
+  assert not np.array_equal(at_1["rtd"]["out"]["kernel"], at_2["rtd"]["out"]["kernel"])
+
+  disc, info_d = transformers.ElectraForPreTraining.from_pretrained(
+      out, local_files_only=True, output_loading_info=True)
+  gen, info_g = transformers.ElectraForMaskedLM.from_pretrained(
+      gen_dir, local_files_only=True, output_loading_info=True)
+  for info in (info_d, info_g):
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+  inputs, mask = _hf_inputs(out)
+  ids, msk, types = (inputs[k].numpy() for k in ("input_ids", "attention_mask",
+                                                 "token_type_ids"))
+  with torch.no_grad():
+    ref_rtd, ref_gen = disc.eval()(**inputs).logits.numpy(), gen.eval()(**inputs).logits.numpy()
+  rtd = np.asarray(ours.rtd(ours.discriminator(ids, msk, types).hidden_BxTxD))
+  gen_logits = np.asarray(ours.gen_mlm(ours.generator(ids, msk, types).hidden_BxTxD,
+                                       ours.token_embed))
+  assert np.abs(rtd[mask] - ref_rtd[mask]).max() <= TOL
+  assert np.abs(gen_logits[mask] - ref_gen[mask]).max() <= TOL
+
+
+def test_export_refuses_what_it_cannot_do(mlm_run, tmp_path):
+  workdir = mlm_run
+  with pytest.raises(ValueError, match=r"available: \[1, 2\]"):
+    export.export_run(workdir, tmp_path / "a", step=7)
+  (tmp_path / "full").mkdir()
+  (tmp_path / "full" / "mine.txt").write_text("keep me")
+  with pytest.raises(FileExistsError, match="not empty"):
+    export.export_run(workdir, tmp_path / "full")
+  assert (tmp_path / "full" / "mine.txt").read_text() == "keep me"
+  with pytest.raises(FileNotFoundError, match="not a pre-training run"):
+    export.export_run(tmp_path, tmp_path / "b")
