@@ -80,7 +80,8 @@ def mlm_loss(logits_BxPxV: jax.Array, labels_BxP: jax.Array,
 
 
 def unigram_baseline(logp_V: jax.Array, labels_BxP: jax.Array,
-                     weights_BxP: jax.Array | None = None) -> dict[str, jax.Array]:
+                     weights_BxP: jax.Array | None = None, *, prefix: str = "unigram"
+                     ) -> dict[str, jax.Array]:
   """What a context-free model scores on the same targets: the cross-entropy of the labels
   under a unigram distribution `logp_V` (see encoder_jax.data.unigram) and the accuracy of
   always predicting its most frequent token. Compare with `mlm_loss`'s loss and accuracy."""
@@ -89,5 +90,5 @@ def unigram_baseline(logp_V: jax.Array, labels_BxP: jax.Array,
   nll = -logp_V.astype(jnp.float32)[safe]
   top = jnp.argmax(logp_V)
   count = w.sum()
-  return {"unigram_loss": safe_mean((w * nll).sum(), count),
-          "unigram_accuracy": safe_mean((w * (safe == top)).sum(), count)}
+  return {f"{prefix}_loss": safe_mean((w * nll).sum(), count),
+          f"{prefix}_accuracy": safe_mean((w * (safe == top)).sum(), count)}

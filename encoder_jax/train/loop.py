@@ -424,10 +424,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   acc_key = next((k for k in ("mlm_accuracy", "gen_accuracy") if k in ev), None)
   loss_key = next((k for k in ("mlm_loss", "gen_loss") if k in ev), None)
   if "unigram_loss" in ev and acc_key and loss_key:
+    at = loss_key.replace("_loss", "_at_mask")
     _say(f"held-out MLM at step {step}: accuracy {ev[acc_key]:.1%} (unigram baseline "
          f"{ev['unigram_accuracy']:.1%}), loss {ev[loss_key]:.3f} nats = "
          f"{ev['unigram_loss'] - ev[loss_key]:.3f} below the unigram baseline's "
-         f"{ev['unigram_loss']:.3f} (corpus unigram entropy {unigram_h:.3f})")
+         f"{ev['unigram_loss']:.3f} (corpus unigram entropy {unigram_h:.3f}); at [MASK] "
+         f"inputs only: accuracy {ev[at + '_accuracy']:.1%} (unigram "
+         f"{ev['unigram_at_mask_accuracy']:.1%}), loss "
+         f"{ev['unigram_at_mask_loss'] - ev[at + '_loss']:.3f} below the unigram baseline")
   return summary
 
 
