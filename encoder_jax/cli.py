@@ -128,7 +128,8 @@ def _compilation_cache() -> None:
 def run(main: Callable[[list[str]], None], name: str) -> None:
   """absl's app.run(main) with the start, stop and error behaviour of the module docstring."""
   signal.signal(signal.SIGTERM, _raise_preempted)
-  print(f"{name}: starting (importing JAX, reading the flags) ...", flush=True)
+  # On stderr, like the error lines: stdout stays the command's output (e.g. --report tables).
+  print(f"{name}: starting (importing JAX, reading the flags) ...", file=sys.stderr, flush=True)
   verbose = _verbose(sys.argv)
   if not verbose:
     logging.get_absl_logger().addFilter(_HideOrbaxTracebacks())
@@ -148,5 +149,5 @@ def run(main: Callable[[list[str]], None], name: str) -> None:
     app.run(checked_main, flags_parser=_parse_flags)
   except Preempted:
     print(f"{name}: SIGTERM outside the training loop; stopped with nothing left "
-          "half-written (a restart begins or resumes as usual)", flush=True)
+          "half-written (a restart begins or resumes as usual)", file=sys.stderr, flush=True)
     _exit(0)

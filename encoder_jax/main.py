@@ -108,6 +108,8 @@ def main(argv):
     if cli.loaded_config() is None or not FLAGS.workdir:
       raise app.UsageError("--mode=pretrain needs --config (e.g. configs/pretrain.py:runlocal) "
                            "and --workdir (where checkpoints and metrics go).")
+    print(f"pre-training into {FLAGS.workdir}: loading the trainer (TFDS, grain, Orbax) ...",
+          flush=True)
     from encoder_jax.train.loop import train_and_evaluate  # pylint: disable=g-import-not-at-top
     config = cli.loaded_config()
     if FLAGS.cache_dir and not config.data.cache_dir:

@@ -31,8 +31,9 @@ def test_user_errors_are_one_line_without_traceback(tmp_path, args, code, error)
   got = _run("--mode=pretrain", f"--workdir={tmp_path}", *args)
   assert got.returncode == code, got.stderr
   lines = got.stderr.strip().splitlines()
-  assert len(lines) == 2 and lines[0].startswith(error), got.stderr
-  assert lines[1] == "(--verbose or ENCODER_JAX_VERBOSE=1 shows the traceback)"
+  assert lines[0] == "encoder_jax.main: starting (importing JAX, reading the flags) ..."
+  assert len(lines) == 3 and lines[1].startswith(error), got.stderr
+  assert lines[2] == "(--verbose or ENCODER_JAX_VERBOSE=1 shows the traceback)"
   assert "Traceback" not in got.stdout + got.stderr
 
 

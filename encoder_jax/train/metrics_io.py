@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import threading
 import time
 from typing import Mapping
@@ -29,6 +30,24 @@ METRICS_FILE = "metrics.jsonl"
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
   with open(path) as f:
     return [json.loads(line) for line in f if line.strip()]
+
+
+def _summary_writer_class():
+  """tensorboardX's SummaryWriter, imported without torch.
+
+  tensorboardX imports torch whenever it is installed (only to accept torch tensors, which we
+  never pass), and a torch import costs seconds of every run's start-up; torch is in the test
+  extras for the parity tests. It is hidden for this one import only, so a later
+  `import torch` in the same process still works.
+  """
+  if "tensorboardX" not in sys.modules and "torch" not in sys.modules:
+    sys.modules["torch"] = None  # makes `import torch` raise ImportError
+    try:
+      import tensorboardX  # pylint: disable=g-import-not-at-top,unused-import
+    finally:
+      del sys.modules["torch"]
+  from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+  return SummaryWriter
 
 
 class MetricWriter:
@@ -44,8 +63,7 @@ class MetricWriter:
       kept = [r for r in read_jsonl(self.path) if r.get("step", 0) <= resume_step]
       with open(self.path, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in kept)
-    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-    self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"),
+    self._tb = _summary_writer_class()(os.path.join(workdir, "tensorboard"),
                              purge_step=resume_step + 1 if resume_step else None)
     self._file = open(self.path, "a")
 

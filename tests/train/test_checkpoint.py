@@ -118,7 +118,11 @@ def test_every_damaged_checkpoint_is_set_aside_none_deleted(tmp_path):
   ckpt = checkpoint.Checkpointer(root, keep=5)
   assert ckpt.newest_good(report=lambda _: None) is None
   ckpt.close()
-  assert sorted(os.listdir(tmp_path / "checkpoints_set_aside")) == ["1", "2", "3"]
+  aside = tmp_path / "checkpoints_set_aside"
+  assert sorted(os.listdir(aside)) == ["1", "2", "3"]
+  for step in "123":  # moved whole, for a person to inspect or restore by hand
+    assert (aside / step / checkpoint.CHECKSUMS).exists()
+    assert (aside / step / "state" / "_METADATA").exists()
 
 
 def test_rollback_checkpoint_survives_rotation(tmp_path):
