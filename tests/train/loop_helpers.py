@@ -35,13 +35,13 @@ DOCS = [
 ]
 
 # Runs a config in a fresh process. After `hang_after` step calls it writes `marker` and
-# sleeps, like a worker caught mid-run by the scheduler's SIGKILL; with `slow_s` every call
-# sleeps that long and writes the number of calls so far to `marker` (a slow run to signal).
+# sleeps, like a worker caught mid-run by the scheduler's SIGKILL. With `term_at` it sends
+# itself SIGTERM during that call and writes the time to `marker` (a preemption mid-step).
 DRIVER = """
-import json, sys, time
+import json, os, signal, sys, time
 import ml_collections
 from encoder_jax.train import loop, step as step_lib
-cfg_path, workdir, hang_after, slow_s, marker = sys.argv[1:]
+cfg_path, workdir, hang_after, term_at, marker = sys.argv[1:]
 config = ml_collections.ConfigDict(json.load(open(cfg_path)))
 real = step_lib.make_train_step
 def make(*args, **kwargs):
@@ -51,13 +51,11 @@ def make(*args, **kwargs):
     if calls[0] > int(hang_after) > 0:
       open(marker, "w").close()
       time.sleep(3600)
-    out = f(state, batch)
-    if float(slow_s):
-      time.sleep(float(slow_s))
-      with open(marker + ".tmp", "w") as m:
-        m.write(str(calls[0]))
-      import os; os.replace(marker + ".tmp", marker)
-    return out
+    if calls[0] == int(term_at):
+      with open(marker, "w") as m:
+        m.write(repr(time.time()))
+      os.kill(os.getpid(), signal.SIGTERM)
+    return f(state, batch)
   return step
 step_lib.make_train_step = make
 loop.train_and_evaluate(config, workdir)
@@ -123,13 +121,13 @@ def _child_env(env):
                   os.pathsep)).rstrip(os.pathsep))
 
 
-def run_subprocess(env, config, workdir, hang_after=0, slow_s=0.0):
+def run_subprocess(env, config, workdir, hang_after=0, term_at=0):
   cfg_path = env["base"] / f"{os.path.basename(workdir)}.json"
   cfg_path.write_text(config.to_json())
   (env["base"] / "driver.py").write_text(DRIVER)
   marker = str(workdir) + ".marker"
   proc = subprocess.Popen([sys.executable, str(env["base"] / "driver.py"), str(cfg_path),
-                           str(workdir), str(hang_after), str(slow_s), marker], cwd=ROOT,
+                           str(workdir), str(hang_after), str(term_at), marker], cwd=ROOT,
                           env=_child_env(env), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
   return proc, marker
