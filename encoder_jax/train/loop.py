@@ -440,7 +440,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
           if is_ckpt:
             save(step)
         if stop_reason == "preempted":
-          save(step)  # the open log window travels in the checkpoint; no partial row
+          if step > 0:  # (before any step there is nothing to save)
+            save(step)  # the open log window travels in the checkpoint; no partial row
           ckpt.wait()
           _say(f"SIGTERM: saved step {step} {time.perf_counter() - preemption.at:.1f} s after "
                "the signal; exiting cleanly (a restart resumes from it)")
