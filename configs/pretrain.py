@@ -146,11 +146,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   config.train = ml_collections.ConfigDict(dict(
       steps=1_000_000,  # step calls (micro-batches); 0: derived from flops_budget
+      # Intervals: 0 = never periodically; the end of a run always logs, saves and (with
+      # eval_steps > 0) evaluates.
       log_every=100,  # metrics fetch + progress line + TensorBoard/metrics.jsonl
-      eval_every=5_000,  # held-out evaluation, and once at the end (0: none at all)
-      eval_steps=20,  # batches per evaluation, the same batches every time
+      eval_every=5_000,  # held-out evaluation
+      eval_steps=20,  # batches per evaluation, the same batches every time (0: no evaluation)
       checkpoint_every=5_000,
-      keep=3,  # checkpoints kept (Orbax max_to_keep)
+      keep=3,  # newest checkpoints kept, plus one rollback checkpoint (see train/loop.py)
+      # After a divergence: restart from this checkpoint instead of the newest (0: newest) ...
+      resume_step=0,
+      skip_batches=0,  # ... and skip the next this many batches of data (as PaLM did)
       flops_budget=0.0,  # stop once cumulative training FLOPs reach this (0: no budget)
       peak_flops=0.0,  # peak FLOP/s per device for MFU (0: by device kind; CPU measured)
   ))

@@ -6,7 +6,10 @@
   python -m encoder_jax.main --mode=pretrain --workdir=/tmp/demo_run
       --config=configs/pretrain.py:runlocal
       Pre-trains (MLM / ELECTRA, see configs/pretrain.py) into --workdir, resuming from the
-      newest checkpoint there; SIGTERM saves a checkpoint and exits 0.
+      newest good checkpoint there; SIGTERM saves a checkpoint and exits 0.
+
+Errors print one line naming the input and the fix (--verbose: the traceback); SIGTERM at any
+point exits 0 (encoder_jax/cli.py).
 """
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ import time
 
 from absl import app, flags, logging
 from ml_collections import config_flags
+
+from encoder_jax import cli
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("mode", "demo", ["demo", "pretrain"],
@@ -100,18 +105,20 @@ def main(argv):
   if FLAGS.mode == "demo":
     demo(FLAGS.cache_dir)
   elif FLAGS.mode == "pretrain":
-    if FLAGS.config is None or not FLAGS.workdir:
+    if cli.loaded_config() is None or not FLAGS.workdir:
       raise app.UsageError("--mode=pretrain needs --config (e.g. configs/pretrain.py:runlocal) "
                            "and --workdir (where checkpoints and metrics go).")
+    print(f"pre-training into {FLAGS.workdir}: loading the trainer (TFDS, grain, Orbax) ...",
+          flush=True)
     from encoder_jax.train.loop import train_and_evaluate  # pylint: disable=g-import-not-at-top
-    config = FLAGS.config
+    config = cli.loaded_config()
     if FLAGS.cache_dir and not config.data.cache_dir:
       config.data.cache_dir = FLAGS.cache_dir
     train_and_evaluate(config, FLAGS.workdir)
 
 
 def run():
-  app.run(main)
+  cli.run(main, "encoder_jax.main")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,10 @@
       word_starts       bool  [N]   True where a token begins a word (not a `##` piece)
       sentence_lengths  int32 [S]   tokens per sentence; sum == N
     splits: train, validation (~2% of documents, by a stable hash of doc_id)
-    config name: <source>-<sha256 of vocab.txt, 8 hex>, so a different vocab never reuses ids
+    config name: <source key>-<sha256 of vocab.txt, 8 hex>, so a corpus is rebuilt whenever
+    what it is made of changes: the vocab's contents, and for files:<glob> the set of files
+    and their contents (sha256, remembered by size + mtime + ctime so an unchanged corpus is
+    not re-read), for tfds:<name> the source dataset's version
   rotten_tomatoes            text, label (0 rotten / 1 fresh), movie; split by movie 80/10/10
   brown_pos                  words, tags (12 universal tags, see brown.py), fine_tags, doc_id,
                              genre; one record per sentence; split by document 80/10/10
@@ -21,6 +24,8 @@ module (a builder defined in __main__ fails in `dataset_info_from_configs`).
 """
 import dataclasses
 import hashlib
+import json
+import logging as py_logging
 import os
 import pathlib
 import re
@@ -35,6 +40,18 @@ import tensorflow_datasets as tfds
 from encoder_jax.data import brown, examples, fetch, rotten_tomatoes, sources, tokenizer
 
 _TOKENIZE_BATCH_SENTENCES = 32768  # big batches keep the Rust tokenizer busy
+
+
+class _QuietCustomConfig(py_logging.Filter):
+  """TFDS warns "Using custom data configuration: <the whole config, ~600 characters>" for
+  every builder made from a config object, i.e. each time a run opens its corpus (twice: train
+  and eval). Every PretrainCorpus config is made that way on purpose."""
+
+  def filter(self, record):
+    return not str(record.msg).startswith("Using custom data configuration")
+
+
+logging.get_absl_logger().addFilter(_QuietCustomConfig())
 
 
 def default_data_dir(cache_dir=None) -> str:
@@ -90,13 +107,63 @@ def _slug(text: str) -> str:
   return re.sub(r"[^a-z0-9_.]+", "_", text.lower()).strip("_")[:40]
 
 
-def config_name(source: str, vocab_path: str) -> str:
-  """demo-1a2b3c4d, files_<hash>-..., tfds_wikipedia_20230601.en_text-..."""
-  vocab_hash = fetch.sha256_of(vocab_path)[:8]
-  kind = source.split(":", 1)[0]
+class _FileHashes:
+  """sha256 of local files, remembered in a small JSON file by (path, size, mtime, ctime).
+
+  Every write to a file moves its ctime, which no tool can set back (touch and cp -p only set
+  mtime), so an edited file is always hashed again; an unchanged corpus is only stat'ed.
+  """
+
+  def __init__(self, path: pathlib.Path):
+    self.path = path
+    try:
+      self.known = json.loads(path.read_text())
+    except (OSError, ValueError):
+      self.known = {}
+    self.dirty = False
+
+  def sha256(self, file: str) -> str:
+    st = os.stat(file)
+    stamp = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+    entry = self.known.get(file)
+    if entry is None or entry[0] != stamp:
+      self.known[file] = entry = [stamp, fetch.sha256_of(file)]
+      self.dirty = True
+    return entry[1]
+
+  def save(self):
+    if self.dirty:  # renamed into place: concurrent writers lose updates, never the file
+      self.path.parent.mkdir(parents=True, exist_ok=True)
+      tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+      tmp.write_text(json.dumps(self.known))
+      os.replace(tmp, self.path)
+
+
+def source_key(source: str, *, data_dir: str, blank_line_docs: bool = False,
+               source_data_dir: str | None = None) -> str:
+  """What identifies the text of `source`: for files, their relative paths and contents."""
+  kind, _, rest = source.partition(":")
   if kind == "files":
-    return f"files_{hashlib.sha256(source.encode()).hexdigest()[:8]}-{vocab_hash}"
-  return f"{_slug(source)}-{vocab_hash}"
+    files, root = sources.resolve_files(rest.split(","))
+    hashes = _FileHashes(pathlib.Path(data_dir) / "pretrain_corpus_file_hashes.json")
+    h = hashlib.sha256(f"blank_line_docs={blank_line_docs}\n".encode())
+    for f in files:
+      h.update(f"{os.path.relpath(f, root)}\0{hashes.sha256(f)}\n".encode())
+    hashes.save()
+    return f"files_{h.hexdigest()[:8]}"
+  if kind == "tfds":  # versioned datasets: a re-prepared newer version is another corpus
+    name = rest.rpartition(":")[0]
+    try:
+      name = tfds.builder(name, data_dir=source_data_dir).info.full_name
+    except Exception:  # pylint: disable=broad-except  # reading it later raises clearly
+      pass
+    return _slug(f"tfds:{name}:{rest.rpartition(':')[2]}")
+  return _slug(source)
+
+
+def config_name(source: str, vocab_path: str, key: str | None = None) -> str:
+  """demo-1a2b3c4d, files_<hash of the files>-..., tfds_wikipedia_20230601.en_1.0.0_text-..."""
+  return f"{key or _slug(source)}-{fetch.sha256_of(vocab_path)[:8]}"
 
 
 @dataclasses.dataclass(eq=False)
@@ -250,13 +317,17 @@ def prepare_corpus(source: str = "demo", vocab: str = "minilm", data_dir=None, c
                    source_data_dir=None) -> PretrainCorpus:
   """Builds the tokenized corpus once (array_record under data_dir) and returns its builder."""
   vocab_path = resolve_vocab(vocab, cache_dir)
+  data_dir = data_dir or default_data_dir(cache_dir)
+  key = source_key(source, data_dir=data_dir, blank_line_docs=blank_line_docs,
+                   source_data_dir=source_data_dir)
+  if not lowercase:
+    key += "_cased"
   cfg = PretrainCorpusConfig(
-      name=config_name(source, vocab_path), version=PretrainCorpus.VERSION,
+      name=config_name(source, vocab_path, key), version=PretrainCorpus.VERSION,
       description=f"{source} tokenized with {vocab_path}", source=source,
       vocab_path=vocab_path, lowercase=lowercase, blank_line_docs=blank_line_docs,
       cache_dir=None if cache_dir is None else str(cache_dir), source_data_dir=source_data_dir)
-  builder = PretrainCorpus(config=cfg, data_dir=data_dir or default_data_dir(cache_dir),
-                           file_format="array_record")
+  builder = PretrainCorpus(config=cfg, data_dir=data_dir, file_format="array_record")
   return build_once(builder)
 
 

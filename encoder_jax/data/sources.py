@@ -155,6 +155,21 @@ def _read_text(path: str, stats: ReadStats) -> str:
     return text
 
 
+def resolve_files(paths: Sequence[str]) -> tuple[list[str], str]:
+  """(absolute paths of the files the patterns match, sorted; their common folder).
+
+  Document ids are relative to the common folder: the train/validation hash split then does
+  not depend on where the corpus sits on disk.
+  """
+  files = sorted({os.path.abspath(f) for p in paths for f in (glob.glob(p) or [p])})
+  missing = [f for f in files if not os.path.isfile(f)]
+  if missing:
+    raise FileNotFoundError(f"corpus source: no such file(s): {missing[:5]}; check the "
+                            "files:<glob> of data.source")
+  root = os.path.commonpath(files) if len(files) > 1 else os.path.dirname(files[0])
+  return files, root
+
+
 def local_documents(paths: Sequence[str] | str, blank_line_docs: bool = False,
                     stats: ReadStats | None = None) -> list[Document]:
   """Documents from local text files (paths or glob patterns).
@@ -165,13 +180,7 @@ def local_documents(paths: Sequence[str] | str, blank_line_docs: bool = False,
   stats = stats if stats is not None else ReadStats()
   if isinstance(paths, str):
     paths = [paths]
-  files = sorted({os.path.abspath(f) for p in paths for f in (glob.glob(p) or [p])})
-  missing = [f for f in files if not os.path.isfile(f)]
-  if missing:
-    raise FileNotFoundError(f"local_documents: no such file(s): {missing[:5]}")
-  # Ids relative to the files' common folder: the train/validation hash split then does not
-  # depend on where the corpus sits on disk.
-  root = os.path.commonpath(files) if len(files) > 1 else os.path.dirname(files[0])
+  files, root = resolve_files(paths)
   docs = []
   for path in files:
     stats.files += 1

@@ -4,14 +4,15 @@ Backbones:
   hf:<dir> | minilm   a HF BERT or ELECTRA checkpoint (config.json + model.safetensors)
                       through encoder_jax.convert; a BERT pooler initialises the [CLS]
                       classifier's pooler (as HF's BertForSequenceClassification does).
-  ckpt:<dir>          our pre-training checkpoint: an Orbax checkpoint of
+  ckpt:<dir>          our pre-training checkpoint: <dir> is the run's workdir, its
+                      checkpoints/ (both: the newest step whose checksums verify), a step
+                      folder or its item folder. An Orbax checkpoint of
                       encoder_jax.train.step.TrainState(step, params, opt_state) whose params
                       are the nnx.State of BertForPreTraining (`params['bert']['encoder']`,
                       pooler at `params['bert']['pooler']` when trained with NSP) or
                       ElectraModel (`params['discriminator']`, pooler at `params['pooler']`).
-                      <dir> may be a CheckpointManager root (latest step), a step folder, or the
-                      item folder itself. Shapes (sizes, layers, scan vs unrolled, pre/post-LN)
-                      are read from the parameters; numerics that leave no trace in them
+                      Shapes (sizes, layers, scan vs unrolled, pre/post-LN) are read from
+                      the parameters; numerics that leave no trace in them
                       (activation, LayerNorm eps, dropout) come from the overrides.
   random              a fresh encoder of a given ModelConfig (the baseline of every comparison).
 
@@ -125,13 +126,38 @@ def hf_model_config(path, **overrides) -> ModelConfig:
 
 
 # ----------------------------------------------------------------------- our checkpoints
+def _good_step(steps: list[pathlib.Path]) -> pathlib.Path:
+  """The newest step folder whose checksums verify (encoder_jax.train.checkpoint); damaged
+  ones are skipped with a warning (left in place: they belong to the pre-training run, which
+  sets them aside when it resumes). A folder of unsealed steps only (written before checkpoints
+  carried checksums) gives its newest, unverified."""
+  from encoder_jax.train import checkpoint  # pylint: disable=g-import-not-at-top
+  steps = sorted(steps, key=lambda p: int(p.name), reverse=True)
+  sealed = [p for p in steps if (p / checkpoint.CHECKSUMS).exists()]
+  if not sealed:
+    logging.warning("%s: no checksums.json (an older encoder_jax wrote it); not verified",
+                    steps[0])
+    return steps[0]
+  for p in sealed:
+    problem = checkpoint.verify(p)
+    if problem is None:
+      return p
+    logging.warning("skipping damaged checkpoint %s: %s", p, problem)
+  raise checkpoint.CheckpointError(f"every checkpoint in {steps[0].parent} is damaged (e.g. "
+                                   f"{sealed[0].name}: {checkpoint.verify(sealed[0])}).")
+
+
 def _item_dir(path: pathlib.Path) -> pathlib.Path:
-  """CheckpointManager root -> latest step; step folder -> its single pytree item."""
+  """Pre-training workdir or CheckpointManager root -> newest good step; step folder -> its
+  single pytree item."""
   if not path.exists():
-    raise FileNotFoundError(f"checkpoint {path} does not exist.")
+    raise FileNotFoundError(f"checkpoint {path} does not exist; give init=ckpt:<pre-training "
+                            "workdir>, its checkpoints/ folder or one step folder in it.")
+  if (path / "checkpoints").is_dir():  # a pre-training workdir
+    path = path / "checkpoints"
   steps = [p for p in path.iterdir() if p.is_dir() and p.name.isdigit()]
   if steps:
-    path = max(steps, key=lambda p: int(p.name))
+    path = _good_step(steps)
   if (path / "_METADATA").exists() or (path / "manifest.ocdbt").exists():
     return path
   items = [p for p in path.iterdir() if p.is_dir() and (p / "_METADATA").exists()]

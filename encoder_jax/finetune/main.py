@@ -13,6 +13,8 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from encoder_jax import cli
+
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file(
     "config", None, "Fine-tuning config file and its argument, e.g. "
@@ -40,10 +42,10 @@ def main(argv):
       results.append(json.loads(path.read_text()))
     print(markdown_table(results))
     return
-  if FLAGS.config is None or FLAGS.workdir is None:
+  config = cli.loaded_config()
+  if config is None or FLAGS.workdir is None:
     raise app.UsageError("--config and --workdir are required, e.g. "
                          "--config=configs/finetune.py:task=rotten_tomatoes --workdir=/tmp/ft")
-  config = FLAGS.config
   if FLAGS.seeds is not None:
     with config.unlocked():
       config.seeds = FLAGS.seeds
@@ -52,7 +54,7 @@ def main(argv):
 
 
 def run():
-  app.run(main)
+  cli.run(main, "encoder_jax.finetune.main")
 
 
 if __name__ == "__main__":

@@ -4,25 +4,41 @@
       --workdir=/tmp/demo_run
 
 What a run leaves in `workdir`:
-  config.json      the resolved ConfigDict (the seed in it regenerates every RNG key)
-  checkpoints/     Orbax, async, newest `train.keep`: TrainState + data iterator + meta
+  config.json      the config of the newest checkpoints (the seed in it regenerates every RNG
+                   key); config.before_step_<N>.json: the one a resume at step N replaced
+  checkpoints/     Orbax, async, sealed with checksums (train/checkpoint.py): the newest
+                   `train.keep` plus one rollback checkpoint; TrainState + data iterator + meta
+  checkpoints_set_aside/  damaged checkpoints, the state that diverged, rolled-back branches
   metrics.jsonl    train rows every `train.log_every` steps, eval rows every `train.eval_every`
   tensorboard/     the same scalars as event files (tensorboardX)
   summary.json     steps, stop reason, wall time, tokens/s, MFU, final train/eval loss
 
 Steps are numbered by completed updates: "step s" is the state after s calls of the step, and
 the metrics logged at s are those of the call that produced it. One call is one micro-batch;
-with optim.accumulation_steps = k the optimizer applies an update every k calls.
+with optim.accumulation_steps = k the optimizer applies an update every k calls. Intervals
+(log_every, eval_every, checkpoint_every) of 0 mean "never periodically"; the end of a run
+always logs, saves, and evaluates unless eval_steps = 0.
 
 Behaviour a user relies on:
-  * Resume: a workdir holding checkpoints continues from the newest one: parameters, optimizer
-    state, step and data iterator are restored, and masks/dropout/generator samples derive
-    from fold_in(seed, step), so the continued run is the uninterrupted one, bit for bit (CPU).
-  * Metrics stay on device and are fetched every log/eval/checkpoint step, so the host does
-    not wait for the accelerator every step.
+  * Resume: a workdir holding checkpoints continues from the newest good one (damaged ones are
+    set aside): parameters, optimizer state, step, data iterator and the metrics of the open
+    log window are restored, and masks/dropout/generator samples derive from
+    fold_in(seed, step), so the continued run is the uninterrupted one, bit for bit (CPU),
+    metrics.jsonl row for row, whatever the intervals.
+  * Metrics stay on device and are fetched at log/eval/checkpoint steps; the host runs at most
+    one step ahead of the device, so a signal is acted on within one step.
   * A non-finite loss or gradient norm stops the run with FloatingPointError naming the step.
-    Every loss up to a step is checked before the state of that step is saved, so no
-    checkpoint ever holds a state that produced a non-finite value; the last good one stays.
+    Every loss up to a step is checked before the state of that step is saved. The state that
+    produced the bad step (the checkpoint just before it, if any) is set aside, and the
+    *rollback* checkpoint, the newest one saved before the last evaluation with a finite loss
+    (the last log row when evaluation is off), is kept whatever `keep` says: its next step
+    was finite whatever the learning rate, as the loss of step c + 1 depends only on state c
+    and its batch. The message gives the command to train on from it with
+    train.resume_step, a lower optim.learning_rate and/or train.skip_batches (PaLM restarted
+    ~100 steps before a loss spike and skipped 200-500 batches; Chowdhery et al. 2022, 5.1).
+  * train.resume_step = S restarts from checkpoint S, setting newer ones aside, and skips the
+    next train.skip_batches batches; checkpoints of that new branch record it, so re-running
+    the same command after a preemption continues the branch instead of rolling back again.
   * SIGTERM (preemption) saves a checkpoint at the current step and returns normally, so the
     process exits 0 and the next start resumes.
   * train.flops_budget ends the run at the first step whose cumulative FLOPs reach it
@@ -50,14 +66,47 @@ from encoder_jax.data.tokenizer import WordPieceTokenizer
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.model.electra import generator_config
 from encoder_jax.train import flops as flops_lib
+from encoder_jax.train import recovery
 from encoder_jax.train import sharding
 from encoder_jax.train import step as step_lib
 from encoder_jax.train.checkpoint import Checkpointer
-from encoder_jax.train.metrics_io import MetricWriter, format_duration, progress_line
+from encoder_jax.train.metrics_io import (MetricWriter, Stage, format_duration,
+                                          progress_line)
 from encoder_jax.train.optim import OptimConfig, build_optimizer
 
 SUMMARY_FILE = "summary.json"
-CONFIG_FILE = "config.json"
+CONFIG_FILE = recovery.CONFIG_FILE
+
+
+class ConfigError(ValueError):
+  """A config value the trainer cannot run with; the message names the key and the fix."""
+
+
+def check_train_config(config: ml_collections.ConfigDict) -> None:
+  """Refuses values that would silently do something else than asked (e.g. steps=-5 ran 0)."""
+  t = config.train
+  if t.steps < 0:
+    raise ConfigError(f"train.steps={t.steps}: give a positive number of steps, or 0 to derive "
+                      "them from train.flops_budget.")
+  if t.flops_budget < 0:
+    raise ConfigError(f"train.flops_budget={t.flops_budget:g}: give a positive budget, or 0 "
+                      "for none.")
+  if not t.steps and not t.flops_budget:
+    raise ConfigError("train.steps=0 means 'derive from train.flops_budget', but the budget is "
+                      "0 too; set one of them (e.g. --config.train.steps=1000).")
+  for key in ("log_every", "eval_every", "checkpoint_every", "eval_steps", "resume_step",
+              "skip_batches"):
+    if t.get(key, 0) < 0:
+      raise ConfigError(f"train.{key}={t[key]}: must be >= 0 (0 means never / none).")
+  if t.eval_every > 0 and t.eval_steps == 0:
+    raise ConfigError(f"train.eval_every={t.eval_every} with train.eval_steps=0 asks for "
+                      "evaluations of no batch: set eval_steps > 0, or eval_every=0.")
+  if t.keep < 1:
+    raise ConfigError(f"train.keep={t.keep}: keep at least one checkpoint, or resume is "
+                      "impossible.")
+  if t.get("skip_batches", 0) and not t.get("resume_step", 0):
+    raise ConfigError(f"train.skip_batches={t.skip_batches} needs train.resume_step: the "
+                      "checkpoint after which the batches are skipped.")
 
 
 # ------------------------------------------------------------------ config -> static pieces
@@ -140,6 +189,7 @@ class Setup:
 
 
 def build(config: ml_collections.ConfigDict) -> Setup:
+  check_train_config(config)
   tok = WordPieceTokenizer.from_vocab(resolve_vocab(config.data.vocab,
                                                     config.data.cache_dir or None))
   model_cfg = model_config(config, tok.vocab_size)
@@ -155,9 +205,6 @@ def build(config: ml_collections.ConfigDict) -> Setup:
   t = config.train
   budget_steps = math.ceil(t.flops_budget / fps) if t.flops_budget > 0 else None
   steps = t.steps or budget_steps
-  if not steps:
-    raise ValueError("train.steps=0 means 'derive from train.flops_budget', but the budget is "
-                     "0 too; set one of them (e.g. --config.train.steps=1000).")
   end_step, planned = steps, "steps"
   if budget_steps is not None and budget_steps <= steps:
     end_step, planned = budget_steps, "flops_budget"
@@ -169,7 +216,6 @@ def build(config: ml_collections.ConfigDict) -> Setup:
   tx, schedule = build_optimizer(optim_cfg, num_layers=model_cfg.num_layers)
   trainer, init_fn = step_lib.create(model_cfg, obj, tx, schedule, config.seed)
   return Setup(model_cfg, obj, optim_cfg, trainer, init_fn, fps, B * T, end_step, planned)
-
 
 # ------------------------------------------------------------------------------ the run
 
@@ -203,17 +249,6 @@ def _mean_rows(rows: list[dict[str, np.ndarray]]) -> dict[str, float]:
   return {k: float(np.mean([r[k] for r in rows], dtype=np.float64)) for k in rows[0]}
 
 
-def _write_config(config: ml_collections.ConfigDict, workdir: str) -> None:
-  path = os.path.join(workdir, CONFIG_FILE)
-  text = config.to_json_best_effort(indent=2, sort_keys=True)
-  if os.path.exists(path):
-    with open(path) as f:
-      if f.read() != text:
-        logging.warning("%s differs from this run's config; resuming with the new one", path)
-  with open(path, "w") as f:
-    f.write(text)
-
-
 def _say(msg: str) -> None:
   if jax.process_index() == 0:
     print(msg, flush=True)
@@ -224,11 +259,16 @@ class _Preemption:
 
   def __init__(self):
     self.flag = threading.Event()
+    self.at = None  # perf_counter() when the signal came
     self._old = None
+
+  def _handler(self, *_):
+    self.at = self.at or time.perf_counter()
+    self.flag.set()
 
   def __enter__(self):
     if threading.current_thread() is threading.main_thread():
-      self._old = signal.signal(signal.SIGTERM, lambda *_: self.flag.set())
+      self._old = signal.signal(signal.SIGTERM, self._handler)
     return self
 
   def __exit__(self, *exc):
@@ -242,10 +282,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
   s = build(config)
-  _write_config(config, workdir)
   t = config.train
-  log_every, ckpt_every = max(1, t.log_every), max(1, t.checkpoint_every)
-  eval_every = t.eval_every if t.eval_steps > 0 else 0
+  log_every, ckpt_every, eval_every = t.log_every, t.checkpoint_every, t.eval_every
+  evaluating = t.eval_steps > 0
 
   # The mesh (data, fsdp, tensor) comes from config.mesh; nothing below depends on it:
   # parameters and optimizer state follow their logical axis names, batches are split over
@@ -257,146 +296,195 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
                           abstract, state_shardings)
   to_device = lambda batch: sharding.shard_batch(batch, mesh)
 
-  train_loader = make_loader(config, "train")
-  eval_loader = make_loader(config, config.data.eval_split) if eval_every > 0 else None
+  with Stage(f"preparing the corpus ({config.data.source})"):
+    train_loader = make_loader(config, "train")
+    eval_loader = make_loader(config, config.data.eval_split) if evaluating else None
   unigram_logp_V, unigram_h = None, None
   if eval_loader is not None:  # the context-free baseline every eval line is compared with
-    counts = unigram.unigram_counts(corpus_builder(config), "train", s.obj.vocab_size)
+    with Stage("counting the corpus's unigram frequencies"):
+      counts = unigram.unigram_counts(corpus_builder(config), "train", s.obj.vocab_size)
     unigram_logp_V = jax.numpy.asarray(unigram.unigram_log_probs(counts, s.obj.special_ids))
     unigram_h = unigram.unigram_entropy(counts, s.obj.special_ids)
   train_it = iter(train_loader)
   ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=t.keep)
-  start = ckpt.latest_step() or 0
-  prior_wall_s = 0.0
-  if start:
-    state, data_state, meta = ckpt.restore(start, abstract)
-    if int(state.step) != start:
-      raise ValueError(f"checkpoint {start} in {ckpt.directory} holds step {int(state.step)}; "
-                       "the directory is corrupt or was written by another tool.")
-    train_it.set_state(data_state)
-    prior_wall_s = float(meta.get("wall_s", 0.0))
-    _say(f"resumed from step {start} ({ckpt.directory})")
-  else:
-    state = initial_state(s.init_fn, state_shardings)
-
-  num_params = sum(x.size for x in jax.tree.leaves(state.params))
-  peak = t.peak_flops or flops_lib.peak_flops_per_device(jax.devices()[0].device_kind)
-  _say(f"{s.obj.objective} ({s.obj.sentence_task}) | {num_params:,} params | "
-       f"batch {config.data.batch_size} x {config.data.max_length} | "
-       f"{s.flops_per_step:.3g} FLOPs/step | peak {peak / 1e9:.1f} GFLOP/s "
-       f"({jax.devices()[0].device_kind}) | steps {start} -> {s.end_step} ({s.planned_stop})")
-
-  train_step = step_lib.make_train_step(s.trainer, state_shardings,
-                                        sharding.batch_sharding(mesh))
-  eval_step = step_lib.make_eval_step(s.trainer)
-  writer = MetricWriter(workdir, resume_step=start)
-
-  pending: list[tuple[int, dict]] = []  # metrics still on device, by step
-  fetched: list[dict[str, np.ndarray]] = []  # checked, awaiting the next log line
-  perf = dict(mark_t=None, mark_step=start, excluded_s=0.0, steady_s=0.0, steady_steps=0)
-  last = dict(train={}, eval={}, compile_s=None)
-
-  def fetch():
-    """Brings pending metrics to the host and checks them; a must before saving a state."""
-    if pending:
-      values = jax.device_get([m for _, m in pending])
-      for (step_, _), m in zip(pending, values):
-        _check_finite(step_, m)
-        fetched.append(m)
-      pending.clear()
-
-  def log(step: int):
-    if not fetched:
-      return
-    scalars = _mean_rows(fetched)
-    fetched.clear()
-    now = time.perf_counter()
-    n = step - perf["mark_step"]
-    if perf["mark_t"] is not None and n > 0:
-      dt = max(now - perf["mark_t"] - perf["excluded_s"], 1e-9)
-      perf["steady_s"] += dt
-      perf["steady_steps"] += n
-      scalars |= dict(step_time_s=dt / n, tokens_per_s=n * s.tokens_per_step / dt,
-                      flops_per_s=n * s.flops_per_step / dt,
-                      mfu=flops_lib.mfu(s.flops_per_step, dt / n, 1, peak))
-    scalars["cumulative_flops"] = step * s.flops_per_step
-    step_time = perf["steady_s"] / perf["steady_steps"] if perf["steady_steps"] else math.nan
-    writer.write(step, "train", scalars)
-    _say(progress_line(step, s.end_step, scalars, eta_s=(s.end_step - step) * step_time))
-    last["train"] = scalars
-    perf.update(mark_t=time.perf_counter(), mark_step=step, excluded_s=0.0)
-
-  def evaluate(step: int):
-    t0 = time.perf_counter()
-    it = iter(eval_loader)
-    outs = [eval_step(state.params, to_device(next(it)), i, unigram_logp_V)
-            for i in range(t.eval_steps)]
-    scalars = _mean_rows(jax.device_get(outs))
-    writer.write(step, "eval", scalars)
-    _say(f"eval  step {step}: " + " ".join(f"{k} {v:.4g}" for k, v in sorted(scalars.items())
-                                           if not k.endswith("_count")))
-    last["eval"] = scalars
-    perf["excluded_s"] += time.perf_counter() - t0
-
-  def save(step: int):
-    t0 = time.perf_counter()
-    fetch()  # every loss up to `step` is finite before its state is written
-    ckpt.save(step, state, data_state=train_it.get_state(),
-              meta={"wall_s": prior_wall_s + time.perf_counter() - t_start,
-                    "cumulative_flops": step * s.flops_per_step})
-    perf["excluded_s"] += time.perf_counter() - t0
-
-  step, stop_reason = start, s.planned_stop
+  writer = None
   try:
+    start, branch = recovery.choose_start(ckpt, t, _say)
+    meta = {}
+    if start:
+      with Stage(f"restoring checkpoint {start} from {ckpt.directory}"):
+        state, data_state, meta = ckpt.restore(start, abstract)
+      if int(state.step) != start:
+        raise ValueError(f"checkpoint {start} in {ckpt.directory} holds step "
+                         f"{int(state.step)}; the directory is corrupt or was written by "
+                         "another tool.")
+      if branch is not None and meta.get("branch") != branch:  # a new rollback starts here
+        data_state = dict(data_state, step=int(data_state["step"]) + branch["skip"])
+        if branch["skip"]:
+          _say(f"skipping {branch['skip']} batches after step {start} (train.skip_batches)")
+      train_it.set_state(data_state)
+    else:
+      with Stage("initialising the parameters"):
+        state = initial_state(s.init_fn, state_shardings)
+    branch = branch or meta.get("branch")
+    prior_wall_s = float(meta.get("wall_s", 0.0))
+    window = recovery.Window(meta.get("window"))
+    rollback = dict(meta.get("rollback") or {"step": None, "at": None})
+    if rollback["step"] not in ckpt.all_steps():
+      rollback = {"step": None, "at": None}
+    ckpt.protect(rollback["step"])
+    saved = ckpt.all_steps()  # steps with a checkpoint, for choosing the rollback
+    record = recovery.ConfigRecord(config, workdir, start, _say)
+
+    num_params = sum(x.size for x in jax.tree.leaves(state.params))
+    peak = t.peak_flops or flops_lib.peak_flops_per_device(jax.devices()[0].device_kind)
+    _say(f"{s.obj.objective} ({s.obj.sentence_task}) | {num_params:,} params | "
+         f"batch {config.data.batch_size} x {config.data.max_length} | "
+         f"{s.flops_per_step:.3g} FLOPs/step | peak {peak / 1e9:.1f} GFLOP/s "
+         f"({jax.devices()[0].device_kind}) | steps {start} -> {s.end_step} ({s.planned_stop})")
+
+    train_step = step_lib.make_train_step(s.trainer, state_shardings,
+                                          sharding.batch_sharding(mesh))
+    eval_step = step_lib.make_eval_step(s.trainer)
+    writer = MetricWriter(workdir, resume_step=start)
+
+    pending: list[tuple[int, dict]] = []  # metrics still on device, by step
+    perf = dict(mark_t=None, mark_step=start, excluded_s=0.0, steady_s=0.0, steady_steps=0)
+    last = dict(train={}, eval={}, compile_s=None)
+
+    def fetch():
+      """Brings pending metrics to the host and checks them; a must before saving a state."""
+      if pending:
+        values = jax.device_get([m for _, m in pending])
+        for (step_, _), m in zip(pending, values):
+          _check_finite(step_, m)
+          window.add(m)
+        pending.clear()
+
+    def promote_rollback(healthy_at: int):
+      """A check at `healthy_at` passed: the newest checkpoint before it becomes the rollback."""
+      older = [c for c in saved if c < healthy_at]
+      if older and (rollback["step"] is None or max(older) > rollback["step"]):
+        rollback.update(step=max(older), at=healthy_at)
+        ckpt.protect(rollback["step"])
+
+    def log(step: int):
+      scalars = window.take_means()
+      if scalars is None:
+        return
+      now = time.perf_counter()
+      n = step - perf["mark_step"]
+      if perf["mark_t"] is not None and n > 0:
+        dt = max(now - perf["mark_t"] - perf["excluded_s"], 1e-9)
+        perf["steady_s"] += dt
+        perf["steady_steps"] += n
+        scalars |= dict(step_time_s=dt / n, tokens_per_s=n * s.tokens_per_step / dt,
+                        flops_per_s=n * s.flops_per_step / dt,
+                        mfu=flops_lib.mfu(s.flops_per_step, dt / n, 1, peak))
+      scalars["cumulative_flops"] = step * s.flops_per_step
+      step_time = perf["steady_s"] / perf["steady_steps"] if perf["steady_steps"] else math.nan
+      writer.write(step, "train", scalars)
+      _say(progress_line(step, s.end_step, scalars, eta_s=(s.end_step - step) * step_time))
+      last["train"] = scalars
+      perf.update(mark_t=time.perf_counter(), mark_step=step, excluded_s=0.0)
+
+    def evaluate(step: int) -> bool:
+      """Scores the held-out batches; True when the loss is finite."""
+      t0 = time.perf_counter()
+      it = iter(eval_loader)
+      outs = [eval_step(state.params, to_device(next(it)), i, unigram_logp_V)
+              for i in range(t.eval_steps)]
+      scalars = _mean_rows(jax.device_get(outs))
+      writer.write(step, "eval", scalars)
+      _say(f"eval  step {step}: " + " ".join(f"{k} {v:.4g}" for k, v in sorted(scalars.items())
+                                             if not k.endswith("_count")))
+      last["eval"] = scalars
+      perf["excluded_s"] += time.perf_counter() - t0
+      return bool(np.isfinite(scalars["loss"]))
+
+    def save(step: int):
+      t0 = time.perf_counter()
+      fetch()  # every loss up to `step` is finite before its state is written
+      if any(c < step for c in ckpt.sealed):  # one of ours is sealed and its next step finite
+        record.commit()
+      ckpt.save(step, state, data_state=train_it.get_state(),
+                meta={"wall_s": prior_wall_s + time.perf_counter() - t_start,
+                      "cumulative_flops": step * s.flops_per_step, "window": window.state(),
+                      "rollback": rollback, "branch": branch})
+      saved.append(step)
+      perf["excluded_s"] += time.perf_counter() - t0
+
+    step, stop_reason = start, s.planned_stop
     with _Preemption() as preemption:
-      t_loop = time.perf_counter()
-      while step < s.end_step:
-        if preemption.flag.is_set():
-          stop_reason = "preempted"
-          break
-        batch = to_device(next(train_it))
-        state, metrics = train_step(state, batch)
-        step += 1
-        for x in jax.tree.leaves(metrics):
-          x.copy_to_host_async()  # start the transfer now; fetched at the next log step
-        pending.append((step, metrics))
-        if last["compile_s"] is None:  # this process's first step: time compilation apart
-          jax.block_until_ready(metrics)
-          last["compile_s"] = time.perf_counter() - t_loop
-          perf.update(mark_t=time.perf_counter(), mark_step=step)
-        is_eval = eval_every > 0 and step % eval_every == 0
-        is_ckpt = step % ckpt_every == 0 or step == s.end_step
-        if step % log_every == 0 or step == s.end_step or is_eval or is_ckpt:
-          fetch()
-        if step % log_every == 0 or step == s.end_step:
-          log(step)
-        if is_ckpt:
-          save(step)
-        if is_eval:
-          evaluate(step)
-      if stop_reason == "preempted":
-        fetch()
-        log(step)
-        save(step)
-        _say(f"SIGTERM: saved step {step}; exiting cleanly (a restart resumes from it)")
-      elif eval_loader is not None and not (step % eval_every == 0 and step > start):
-        evaluate(step)  # the final numbers always include a held-out score
-    ckpt.wait()
-    checkpoints = ckpt.all_steps()
-  except NonFiniteError as e:
-    bad_step, key, value = e.args
-    ckpt.wait()  # saves in flight hold good states (checked before they started): finish them
-    good = ckpt.latest_step()
-    msg = (f"Non-finite {key} ({value}) at step {bad_step}: stopped without saving that "
-           f"state. The last good checkpoint is step {good} in {ckpt.directory}"
-           + (" (a restart resumes from it)" if good else " (none was saved yet)")
-           + ". Lower optim.learning_rate, lengthen optim.warmup_steps, keep "
-           "optim.clip_grad_norm > 0, or use norm=pre.")
-    _write_summary(workdir, dict(steps=bad_step, stop_reason="non_finite", error=msg,
-                                 last_good_checkpoint=good))
-    raise FloatingPointError(msg) from None
+      try:
+        t_loop = time.perf_counter()
+        ahead = None  # metrics of the previous step: the host waits for it, staying <= 1 ahead
+        while step < s.end_step:
+          if preemption.flag.is_set():
+            stop_reason = "preempted"
+            break
+          batch = to_device(next(train_it))
+          if last["compile_s"] is None:  # this process's first step: time compilation apart
+            with Stage("compiling the train step (first step)"):
+              state, metrics = train_step(state, batch)
+              jax.block_until_ready(metrics)
+            last["compile_s"] = time.perf_counter() - t_loop
+            perf.update(mark_t=time.perf_counter(), mark_step=step + 1)
+          else:
+            state, metrics = train_step(state, batch)
+          step += 1
+          for x in jax.tree.leaves(metrics):
+            x.copy_to_host_async()  # start the transfer now; fetched at the next log step
+          pending.append((step, metrics))
+          # Without this wait the host would queue many steps ahead of an asynchronous
+          # device, and a preemption would first have to run them all before saving.
+          if ahead is not None:
+            jax.block_until_ready(ahead)
+          ahead = metrics
+          ckpt.poll()  # a failed save stops the run now, not one checkpoint later
+          is_log = (log_every > 0 and step % log_every == 0) or step == s.end_step
+          is_eval = evaluating and eval_every > 0 and step % eval_every == 0
+          is_ckpt = (ckpt_every > 0 and step % ckpt_every == 0) or step == s.end_step
+          if is_log or is_eval or is_ckpt:
+            fetch()
+          if is_log:
+            log(step)
+            if not (evaluating and eval_every > 0):  # no evaluations: the log row is the check
+              promote_rollback(step)
+          if is_eval and evaluate(step):  # before the save, so the rollback can be older
+            promote_rollback(step)
+          if is_ckpt:
+            save(step)
+        if stop_reason == "preempted":
+          if step > 0:  # (before any step there is nothing to save)
+            save(step)  # the open log window travels in the checkpoint; no partial row
+          ckpt.wait()
+          _say(f"SIGTERM: saved step {step} {time.perf_counter() - preemption.at:.1f} s after "
+               "the signal; exiting cleanly (a restart resumes from it)")
+        elif evaluating and not (eval_every > 0 and step % eval_every == 0 and step > start):
+          evaluate(step)  # the final numbers always include a held-out score
+        ckpt.wait()
+        checkpoints = ckpt.all_steps()
+        if ckpt.sealed:
+          record.commit()
+      except NonFiniteError as e:
+        ckpt.wait()  # saves in flight hold good states (checked before they started): finish
+        bad_step = e.args[0]
+        aside = None
+        if bad_step - 1 in ckpt.all_steps():
+          aside = ckpt.set_aside(bad_step - 1, f"checkpoint {bad_step - 1}: its next step, "
+                                 f"{bad_step}, gave a non-finite {e.args[1]}")
+        if set(ckpt.sealed) & set(ckpt.all_steps()):  # this run's config made kept states
+          record.commit()
+        msg = recovery.divergence_message(e, ckpt, aside, rollback,
+                                          config.optim.learning_rate)
+        _write_summary(workdir, dict(steps=bad_step, stop_reason="non_finite", error=msg,
+                                     last_good_checkpoint=ckpt.latest_step(),
+                                     rollback_checkpoint=rollback["step"]))
+        raise FloatingPointError(msg) from None
   finally:
-    writer.close()
+    if writer is not None:
+      writer.close()
     ckpt.close()  # waits for saves in flight, whatever stopped the loop
 
   wall_s = time.perf_counter() - t_start
@@ -414,7 +502,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       num_params=num_params,
       final_train_loss=last["train"].get("loss"), final_eval_loss=last["eval"].get("loss"),
       final_train=last["train"], final_eval=last["eval"], unigram_entropy=unigram_h,
-      checkpoints=checkpoints)
+      checkpoints=checkpoints, rollback_checkpoint=rollback["step"])
   _write_summary(workdir, summary)
   _say(f"done: {step} steps ({stop_reason}) in {format_duration(wall_s)}; summary "
        + json.dumps({k: summary[k] for k in ("steps", "wall_s", "tokens_per_s", "mfu",

@@ -3,6 +3,7 @@
   writer = MetricWriter(workdir, resume_step=0)
   writer.write(step, "train", {"loss": 7.1, "tokens_per_s": 1.3e3})
   print(progress_line(step, total, scalars, eta_s=...))
+  with Stage("compiling the train step"): ...          # start-up stages, with a heartbeat
 
 metrics.jsonl has one JSON object per line: {"step": s, "split": "train"|"eval", ...scalars},
 floats written with Python's repr (round-trips float32 values exactly, so per-step losses of
@@ -16,6 +17,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
+import threading
 import time
 from typing import Mapping
 
@@ -27,6 +30,24 @@ METRICS_FILE = "metrics.jsonl"
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
   with open(path) as f:
     return [json.loads(line) for line in f if line.strip()]
+
+
+def _summary_writer_class():
+  """tensorboardX's SummaryWriter, imported without torch.
+
+  tensorboardX imports torch whenever it is installed (only to accept torch tensors, which we
+  never pass), and a torch import costs seconds of every run's start-up; torch is in the test
+  extras for the parity tests. It is hidden for this one import only, so a later
+  `import torch` in the same process still works.
+  """
+  if "tensorboardX" not in sys.modules and "torch" not in sys.modules:
+    sys.modules["torch"] = None  # makes `import torch` raise ImportError
+    try:
+      import tensorboardX  # pylint: disable=g-import-not-at-top,unused-import
+    finally:
+      del sys.modules["torch"]
+  from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+  return SummaryWriter
 
 
 class MetricWriter:
@@ -42,8 +63,7 @@ class MetricWriter:
       kept = [r for r in read_jsonl(self.path) if r.get("step", 0) <= resume_step]
       with open(self.path, "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in kept)
-    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-    self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"),
+    self._tb = _summary_writer_class()(os.path.join(workdir, "tensorboard"),
                              purge_step=resume_step + 1 if resume_step else None)
     self._file = open(self.path, "a")
 
@@ -63,6 +83,37 @@ class MetricWriter:
       self._file.close()
       self._tb.close()
       self._file = self._tb = None
+
+
+class Stage:
+  """`with Stage("compiling the train step"):` prints what starts, a line every `every_s`
+  seconds while it lasts and its duration at the end (process 0 only), so a long start-up
+  (corpus build, restore, XLA compile) never looks like a hang."""
+
+  def __init__(self, what: str, every_s: float = 10.0):
+    self.what, self.every_s = what, every_s
+    self.enabled = jax.process_index() == 0
+    self._done = threading.Event()
+    self._thread = None
+
+  def _heartbeat(self):
+    while not self._done.wait(self.every_s):
+      print(f"  ... still {self.what} ({format_duration(time.perf_counter() - self.t0)})",
+            flush=True)
+
+  def __enter__(self):
+    self.t0 = time.perf_counter()
+    if self.enabled:
+      print(f"{self.what} ...", flush=True)
+      self._thread = threading.Thread(target=self._heartbeat, daemon=True)
+      self._thread.start()
+    return self
+
+  def __exit__(self, exc_type, *_):
+    self.seconds = time.perf_counter() - self.t0
+    self._done.set()
+    if self.enabled and exc_type is None:
+      print(f"{self.what}: done in {self.seconds:.1f} s", flush=True)
 
 
 def format_duration(seconds: float) -> str:

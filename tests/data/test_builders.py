@@ -1,5 +1,7 @@
 """TFDS builders: demo corpus counts, task splits, held-out Brown documents."""
 import collections
+import os
+import pathlib
 
 import numpy as np
 
@@ -85,3 +87,33 @@ def test_simplified_tagset():
   fine = {t for d in brown.load_documents() for s in d.sentences for _, t in s}
   unmapped = {brown.base_tag(t) for t in fine} - set(brown._UNIVERSAL) - {"fw"}
   assert not unmapped, unmapped
+
+
+def test_corpus_cache_is_keyed_by_content(tmp_path, bert_tok):
+  """Editing a source file (or the vocab) rebuilds the corpus; an untouched one is reused."""
+  texts = tmp_path / "texts"
+  texts.mkdir()
+  (texts / "a.txt").write_text("The whale rose beside the ship. Call me Ishmael.\n")
+  (texts / "b.txt").write_text("The state of our union is strong.\n")
+  source, data_dir = f"files:{texts}/*.txt", str(tmp_path / "tfds")
+
+  def words(builder):
+    return bert_tok.decode(builders.read_corpus(builder, "train").ids_N.tolist())
+
+  first = builders.prepare_corpus(source, "minilm", data_dir=data_dir)
+  assert "whale" in words(first)
+  os.utime(texts / "a.txt")  # touched, same bytes: same corpus, nothing rebuilt
+  assert builders.prepare_corpus(source, "minilm", data_dir=data_dir).builder_config.name == (
+      first.builder_config.name)
+  (texts / "a.txt").write_text("The shark rose beside the boat. Call me Ishmael.\n")  # same size
+  edited = builders.prepare_corpus(source, "minilm", data_dir=data_dir)
+  assert edited.builder_config.name != first.builder_config.name
+  assert "shark" in words(edited) and "whale" not in words(edited)
+
+  vocab = tmp_path / "vocab.txt"
+  vocab.write_text(pathlib.Path(builders.resolve_vocab("minilm")).read_text())
+  named = builders.prepare_corpus(source, str(vocab), data_dir=data_dir).builder_config.name
+  with vocab.open("a") as f:
+    f.write("brandnewtoken\n")
+  assert builders.prepare_corpus(source, str(vocab), data_dir=data_dir).builder_config.name != (
+      named)

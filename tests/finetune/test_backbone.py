@@ -78,6 +78,34 @@ def test_numerics_and_vocab_come_from_the_run_config(tmp_path):
   assert got.vocab == "/some/vocab.txt" and got.pooler is None
 
 
+def test_pretraining_workdir_gives_its_newest_good_step(tmp_path):
+  """init=ckpt:<pre-training workdir> (what a user has at hand) reads <workdir>/checkpoints,
+  verifying checksums: a damaged newest step is skipped for the previous one."""
+  from encoder_jax.train.checkpoint import Checkpointer
+  model = _filled(lambda: BertForPreTraining(CFG, nsp=False, rngs=nnx.Rngs(0)))
+  params = nnx.state(model, nnx.Param)
+  tx = optax.adamw(1e-3)
+  ckpt = Checkpointer(tmp_path / "run" / "checkpoints", keep=2, async_save=False)
+  for step, scale in ((7, 1.0), (8, 2.0)):
+    scaled = jax.tree.map(lambda x, s=scale: x * s, params)
+    ckpt.save(step, TrainState(jnp.asarray(step, jnp.int32), scaled, tx.init(scaled)),
+              data_state={}, meta={})
+  ckpt.close()
+  want = _pure(model.bert.encoder)
+  got = bb.load_backbone(f"ckpt:{tmp_path / 'run'}")
+  assert got.source.endswith("/8/state")
+  _assert_same(_pure(bb.build_model(got, "tag", 3, pooling="cls", seed=0).encoder),
+               jax.tree.map(lambda x: x * 2, want))
+  leaf = max((p for p in (tmp_path / "run" / "checkpoints" / "8" / "state").rglob("*")
+              if p.is_file()), key=lambda p: p.stat().st_size)
+  raw = bytearray(leaf.read_bytes())
+  raw[len(raw) // 2] ^= 1
+  leaf.write_bytes(bytes(raw))
+  got = bb.load_backbone(f"ckpt:{tmp_path / 'run'}")
+  assert got.source.endswith("/7/state")
+  _assert_same(_pure(bb.build_model(got, "tag", 3, pooling="cls", seed=0).encoder), want)
+
+
 def test_electra_checkpoint_gives_the_discriminator(tmp_path):
   disc = CFG.replace(embedding_size=8)
   model = _filled(lambda: ElectraModel(disc, generator_config(disc, 0.5), rngs=nnx.Rngs(1)))

@@ -1,153 +1,28 @@
-"""train_and_evaluate: bit-exact resume after SIGKILL, SIGTERM, non-finite stop, FLOP budget, traces.
+"""train_and_evaluate: bit-exact resume after SIGKILL and SIGTERM (metrics row for row), FLOP
+budget, traces, intervals, a host that stays within one step of the device, config checks.
 
 One tiny model (1 block, d=32, rows of 32 tokens, batch 4, dropout on) on a three-document
-text corpus built once per module. Every run here shares the step's compiled program (same
-shapes and optimizer constants: optim.total_steps is pinned, only the loop's stopping rule
-varies), so the persistent compilation cache makes the subprocess runs cheap.
+text corpus built once per session (tests/train/loop_helpers.py). Every run here shares the
+step's compiled program (same shapes and optimizer constants: optim.total_steps is pinned,
+only the loop's stopping rule varies), so the persistent compilation cache makes the
+subprocess runs cheap.
 """
 import json
 import os
-import pathlib
+import shutil
 import signal
-import subprocess
-import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from encoder_jax.train import checkpoint, loop, metrics_io
+from encoder_jax.train import checkpoint, loop
 from encoder_jax.train import step as step_lib
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-from configs import pretrain  # noqa: E402
-
-N = 6  # checkpoint interval; the straight run is 2N steps
-PERF_KEYS = {"time", "step_time_s", "tokens_per_s", "flops_per_s", "mfu"}
-
-DOCS = [
-    "Call me Ishmael. Some years ago, never mind how long precisely, having little or no "
-    "money in my purse, and nothing particular to interest me on shore, I thought I would "
-    "sail about a little and see the watery part of the world. It is a way I have of driving "
-    "off the spleen and regulating the circulation. Whenever I find myself growing grim "
-    "about the mouth, then I account it high time to get to sea as soon as I can.",
-    "Mr. Speaker, Mr. Vice President, members of Congress, my fellow Americans. The state of "
-    "our union is strong. Our economy is growing, and our people are at work. We have more "
-    "to do, and we will do it together. Tonight I ask you to join me in this work.",
-    "The Fulton County Grand Jury said Friday an investigation of the recent primary "
-    "election produced no evidence that any irregularities took place. The jury further said "
-    "in term-end presentments that the City Executive Committee deserves the praise and "
-    "thanks of the City of Atlanta for the manner in which the election was conducted.",
-]
-
-# Runs a config in a fresh process; after `hang_after` step calls it writes `marker` and
-# sleeps, like a worker caught mid-run by the scheduler's SIGKILL.
-DRIVER = """
-import json, sys, time
-import ml_collections
-from encoder_jax.train import loop, step as step_lib
-cfg_path, workdir, hang_after, marker = sys.argv[1:]
-config = ml_collections.ConfigDict(json.load(open(cfg_path)))
-real = step_lib.make_train_step
-def make(*args, **kwargs):
-  f, calls = real(*args, **kwargs), [0]
-  def step(state, batch):
-    calls[0] += 1
-    if calls[0] > int(hang_after) > 0:
-      open(marker, "w").close()
-      time.sleep(3600)
-    return f(state, batch)
-  return step
-step_lib.make_train_step = make
-loop.train_and_evaluate(config, workdir)
-"""
-
-
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-  """Corpus files, a TFDS data_dir and a compilation cache shared by every run here."""
-  base = tmp_path_factory.mktemp("loop")
-  for i, text in enumerate(DOCS):
-    (base / f"doc{i}.txt").write_text(text + "\n")
-  cache = str(base / "xla_cache")
-  old = {k: getattr(jax.config, k) for k in ("jax_compilation_cache_dir",
-                                             "jax_persistent_cache_min_compile_time_secs")}
-  jax.config.update("jax_compilation_cache_dir", cache)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  yield {"base": base, "source": f"files:{base}/doc*.txt", "data_dir": str(base / "tfds"),
-         "cache": cache}
-  for k, v in old.items():
-    jax.config.update(k, v)
-
-
-def tiny_config(env, **train):
-  config = pretrain.get_config("size=tiny")
-  config.model.update(dict(num_layers=1, hidden_size=32, num_heads=2, ffn_size=64,
-                           max_positions=32))
-  config.data.update(dict(source=env["source"], data_dir=env["data_dir"], max_length=32,
-                          batch_size=4, eval_split="train"))  # too small for a validation split
-  config.optim.update(dict(learning_rate=3e-3, warmup_steps=2, total_steps=2 * N))
-  config.train.update(dict(steps=1000, log_every=1, eval_every=N, eval_steps=2,
-                           checkpoint_every=N, keep=5, flops_budget=0.0, peak_flops=1e11))
-  config.train.update(train)
-  return config
-
-
-def budget_for(config, steps):
-  """A FLOP budget that the run reaches exactly at `steps`."""
-  return (steps - 0.5) * loop.build(config).flops_per_step
-
-
-def run_subprocess(env, config, workdir, hang_after=0):
-  cfg_path = env["base"] / f"{os.path.basename(workdir)}.json"
-  cfg_path.write_text(config.to_json())
-  (env["base"] / "driver.py").write_text(DRIVER)
-  # PYTHONPATH: the child imports the encoder_jax under test, not whichever one is installed.
-  e = dict(os.environ, JAX_COMPILATION_CACHE_DIR=env["cache"],
-           JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-           PYTHONPATH=os.pathsep.join([str(ROOT)] + os.environ.get("PYTHONPATH", "").split(
-               os.pathsep)).rstrip(os.pathsep))
-  marker = str(workdir) + ".hung"
-  proc = subprocess.Popen([sys.executable, str(env["base"] / "driver.py"), str(cfg_path),
-                           str(workdir), str(hang_after), marker], cwd=ROOT, env=e,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-  return proc, marker
-
-
-def wait_for(predicate, proc, timeout=240.0):
-  deadline = time.time() + timeout
-  while not predicate():
-    if proc.poll() is not None:
-      raise AssertionError(f"the run exited ({proc.returncode}) early:\n{proc.stdout.read()}")
-    if time.time() > deadline:
-      proc.kill()
-      raise AssertionError(f"timed out:\n{proc.stdout.read()}")
-    time.sleep(0.1)
-
-
-def train_rows(workdir):
-  rows = [r for r in metrics_io.read_jsonl(pathlib.Path(workdir) / "metrics.jsonl")
-          if r["split"] == "train"]
-  return {r["step"]: {k: v for k, v in r.items() if k not in PERF_KEYS} for r in rows}
-
-
-def restore(workdir, step, config):
-  s = loop.build(config)
-  ckpt = checkpoint.Checkpointer(pathlib.Path(workdir) / "checkpoints")
-  state, data, meta = ckpt.restore(step, jax.eval_shape(s.init_fn))
-  ckpt.close()
-  return state, data, meta
-
-
-def assert_bitwise_equal(a, b):
-  la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-  assert jax.tree.structure(a) == jax.tree.structure(b) and len(la) == len(lb)
-  for x, y in zip(la, lb):
-    x, y = np.asarray(x), np.asarray(y)
-    assert x.dtype == y.dtype and x.shape == y.shape
-    assert x.tobytes() == y.tobytes()
+from encoder_jax.train.metrics_io import Stage
+from loop_helpers import (N, assert_bitwise_equal, budget_for, eval_rows, pretrain, restore,
+                          run_subprocess, tiny_config, train_rows, wait_for)
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +53,7 @@ def test_flops_budget_and_summary(straight):
   assert s["checkpoints"] == [N, 2 * N]
   assert s["final_eval_loss"] is not None and np.isfinite(s["final_train_loss"])
   rows = train_rows(straight["workdir"])
-  assert sorted(rows) == list(range(1, 2 * N + 1))
+  assert sorted(rows) == [4, 8, 12]  # every log_every = 4 steps, and the last step
   assert rows[2 * N]["cumulative_flops"] == s["cumulative_flops"]
   saved = json.loads((straight["workdir"] / "config.json").read_text())
   assert saved["seed"] == 0 and saved["train"]["checkpoint_every"] == N
@@ -189,59 +64,105 @@ def test_no_retrace_after_first_step(straight):
   assert straight["traces"] == {True: 1, False: 1}
 
 
+def assert_same_run(workdir, straight_workdir):
+  """Same rows (every metric, bit for bit: floats are repr'd in JSON) and final state."""
+  want, got = train_rows(straight_workdir), train_rows(workdir)
+  assert sorted(got) == sorted(want)  # lost steps' rows were dropped, then redone once
+  for step in want:
+    assert got[step] == want[step], step
+  assert eval_rows(workdir) == eval_rows(straight_workdir)
+
+
 def test_resume_after_sigkill_is_bit_exact(env, straight, tmp_path):
   config, workdir = straight["config"], tmp_path / "killed"
   proc, marker = run_subprocess(env, config, workdir, hang_after=N + 2)
-  ckpt_n = workdir / "checkpoints" / str(N)
-  wait_for(lambda: os.path.exists(marker) and ckpt_n.is_dir(), proc)
+  sealed = workdir / "checkpoints" / str(N) / checkpoint.CHECKSUMS
+  wait_for(lambda: os.path.exists(marker) and sealed.exists(), proc)
   proc.send_signal(signal.SIGKILL)
   assert proc.wait(timeout=30) == -signal.SIGKILL
-  assert max(train_rows(workdir)) == N + 2  # two steps past the checkpoint are lost
+  assert max(train_rows(workdir)) == N + 2  # the row of step 8 is lost work past step 6
 
   summary = loop.train_and_evaluate(config, str(workdir))
   assert summary["resumed_from"] == N and summary["steps"] == 2 * N
-  want, got = train_rows(straight["workdir"]), train_rows(workdir)
-  assert sorted(got) == sorted(want)  # the lost steps' rows were dropped, then redone
-  for step in want:  # every per-step loss and metric, bit for bit (floats repr'd in JSON)
-    assert got[step] == want[step], step
+  # The first row after the resume (step 8) averages steps 5-8, two of them before the
+  # checkpoint: their sums travelled in it.
+  assert_same_run(workdir, straight["workdir"])
   a, data_a, _ = restore(straight["workdir"], 2 * N, config)
   b, data_b, _ = restore(workdir, 2 * N, config)
   assert_bitwise_equal(a, b)  # step, params, optimizer state
   assert data_a == data_b and data_a["step"] == 2 * N
 
 
-def test_sigterm_saves_current_step_and_exits_zero(env, straight, tmp_path):
-  config, workdir = straight["config"].copy_and_resolve_references(), tmp_path / "term"
-  config.train.flops_budget = 0.0  # would run 1000 steps
-  config.train.checkpoint_every = 1000
-  proc, _ = run_subprocess(env, config, workdir)
-  wait_for(lambda: (workdir / "metrics.jsonl").exists() and max(train_rows(workdir),
-                                                                default=0) >= 3, proc)
-  proc.send_signal(signal.SIGTERM)
-  out = proc.communicate(timeout=120)[0]
+def test_sigterm_saves_within_a_step_and_resumes_row_for_row(env, straight, tmp_path):
+  """SIGTERM during step 5: step 5 is saved (not the next log or checkpoint step) with the
+  open log window (steps 5-8 make the next row), the process exits 0, and a restart
+  completes the straight run exactly."""
+  config, workdir = straight["config"], tmp_path / "term"
+  proc, marker = run_subprocess(env, config, workdir, term_at=5)
+  out = proc.communicate(timeout=300)[0]
+  exit_s = time.time() - float(open(marker).read())
   assert proc.returncode == 0, out
   summary = json.loads((workdir / "summary.json").read_text())
-  assert summary["stop_reason"] == "preempted" and 3 <= summary["steps"] < 1000
-  assert summary["checkpoints"] == [summary["steps"]]
-  state, data, _ = restore(workdir, summary["steps"], config)
-  assert int(state.step) == data["step"] == summary["steps"]
+  assert summary["stop_reason"] == "preempted" and summary["checkpoints"] == [5], summary
+  assert sorted(train_rows(workdir)) == [4]  # no partial row for steps 5..
+  print(f"\nSIGTERM during step 5: step 5 saved, exited {exit_s:.2f} s after the signal")
+
+  resumed = loop.train_and_evaluate(config, str(workdir))
+  assert resumed["resumed_from"] == 5 and resumed["steps"] == 2 * N
+  assert_same_run(workdir, straight["workdir"])
 
 
-def test_non_finite_loss_stops_naming_step_and_keeps_last_good(env, tmp_path):
-  # A learning rate of 1e30 reached after a warm-up: a few sane steps, then overflow.
-  config = tiny_config(env, checkpoint_every=1, eval_every=0, steps=30, keep=50)
-  config.optim.update(dict(learning_rate=1e30, warmup_steps=6, total_steps=30,
-                           clip_grad_norm=0.0))
-  with pytest.raises(FloatingPointError, match=r"Non-finite \w+ .* at step (\d+)") as e:
-    loop.train_and_evaluate(config, str(tmp_path))
-  bad = int(str(e.value).split(" at step ")[1].split(":")[0])
-  summary = json.loads((tmp_path / "summary.json").read_text())
-  steps = checkpoint.Checkpointer(tmp_path / "checkpoints").all_steps()
-  assert summary["stop_reason"] == "non_finite" and bad >= 2
-  assert steps and max(steps) == bad - 1 == summary["last_good_checkpoint"]
-  assert f"last good checkpoint is step {bad - 1}" in str(e.value)
-  state, _, _ = restore(tmp_path, bad - 1, config)
-  assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state))
+def test_damaged_newest_checkpoint_falls_back_and_finishes_bit_exact(straight, tmp_path):
+  workdir = tmp_path / "damaged"
+  shutil.copytree(straight["workdir"], workdir)
+  data_files = [p for p in (workdir / "checkpoints" / str(2 * N) / "state").rglob("*")
+                if p.is_file() and "/d/" in str(p)]
+  path = max(data_files, key=lambda p: p.stat().st_size)
+  raw = bytearray(path.read_bytes())
+  raw[len(raw) // 2] ^= 1  # one flipped bit in the parameters
+  path.write_bytes(bytes(raw))
+
+  summary = loop.train_and_evaluate(straight["config"], str(workdir))
+  assert summary["resumed_from"] == N and summary["steps"] == 2 * N
+  assert (workdir / "checkpoints_set_aside" / str(2 * N) / "why.txt").exists()
+  assert_same_run(workdir, straight["workdir"])
+  a, _, _ = restore(straight["workdir"], 2 * N, straight["config"])
+  b, _, _ = restore(workdir, 2 * N, straight["config"])
+  assert_bitwise_equal(a, b)
+
+
+def test_host_stays_within_one_step_of_the_device(env, tmp_path, monkeypatch):
+  """With a device slower than the host (here: a slow program chained on the step's
+  metrics), the loop must not queue steps ahead: a preemption would otherwise first run the
+  whole queue before it could save."""
+  heavy = jax.jit(lambda m, x: jax.tree.map(lambda v: v + 0 * jnp.tanh(x @ x @ x).mean(), m))
+  x = jnp.full((384, 384), 1e-3)
+  real, behind = step_lib.make_train_step, []  # per call: unfinished steps before it
+
+  def make(*args, **kwargs):
+    f, outputs = real(*args, **kwargs), []
+
+    def step(state, batch):
+      behind.append(sum(not all(v.is_ready() for v in jax.tree.leaves(m)) for m in outputs))
+      state, metrics = f(state, batch)
+      outputs.append(heavy(metrics, x))
+      return state, outputs[-1]
+    return step
+
+  monkeypatch.setattr(step_lib, "make_train_step", make)
+  config = tiny_config(env, steps=16, log_every=0, eval_every=0, eval_steps=0,
+                       checkpoint_every=0)
+  loop.train_and_evaluate(config, str(tmp_path))
+  assert len(behind) == 16 and max(behind) == 1, behind  # one step queued, never more
+
+
+def test_zero_interval_means_never_for_every_interval(env, tmp_path):
+  config = tiny_config(env, steps=5, log_every=0, eval_every=0, eval_steps=1,
+                       checkpoint_every=0)
+  summary = loop.train_and_evaluate(config, str(tmp_path))
+  # Nothing periodic; the end of the run still logs, evaluates and saves.
+  assert sorted(train_rows(tmp_path)) == [5] and sorted(eval_rows(tmp_path)) == [5]
+  assert summary["checkpoints"] == [5]
 
 
 @pytest.mark.parametrize("arg", ["objective=electra,nsp=nsp", "objective=all_tokens_mlm",
@@ -255,15 +176,28 @@ def test_configs_build(arg):
   assert s.optim_cfg.total_steps == config.train.steps and s.flops_per_step > 0
 
 
+@pytest.mark.parametrize("override, match", [
+    (dict(steps=0), "flops_budget"),
+    (dict(steps=-5), r"train.steps=-5: give a positive"),
+    (dict(flops_budget=-1.0), "flops_budget=-1"),
+    (dict(checkpoint_every=-1), r"train.checkpoint_every=-1: must be >= 0 \(0 means never"),
+    (dict(log_every=-3), r"train.log_every=-3"),
+    (dict(eval_every=100, eval_steps=0), "evaluations of no batch"),
+    (dict(keep=0), "keep at least one"),
+    (dict(skip_batches=10), "skip_batches=10 needs train.resume_step"),
+])
+def test_bad_config_values_are_refused_naming_the_key(override, match):
+  config = pretrain.get_config("runlocal")
+  config.train.update(override)
+  with pytest.raises(loop.ConfigError, match=match):
+    loop.build(config)
+
+
 def test_bad_config_args():
   with pytest.raises(ValueError, match="pair format"):
     pretrain.get_config("nsp=nsp,format=full_sentences")
   with pytest.raises(ValueError, match="objective"):
     pretrain.get_config("objective=gan")
-  config = pretrain.get_config("runlocal")
-  config.train.steps = 0
-  with pytest.raises(ValueError, match="flops_budget"):
-    loop.build(config)
 
 
 def test_logged_learning_rate_counts_updates_not_micro_batches():
@@ -277,3 +211,12 @@ def test_logged_learning_rate_counts_updates_not_micro_batches():
   for call in range(16):
     assert float(s.trainer.schedule(call)) == float(updates(call // 2))
   assert float(s.trainer.schedule(3)) != float(updates(3))  # the old, micro-step reading
+
+
+def test_stage_prints_progress_while_it_lasts(capsys):
+  with Stage("compiling something", every_s=0.05):
+    time.sleep(0.3)
+  lines = capsys.readouterr().out.splitlines()
+  assert lines[0] == "compiling something ..." and lines[-1].startswith(
+      "compiling something: done in 0.")
+  assert sum(line.startswith("  ... still compiling something") for line in lines) >= 2

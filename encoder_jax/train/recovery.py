@@ -1,0 +1,155 @@
+"""What a restarted pre-training run picks up, and what it says after a divergence.
+
+  start, branch = choose_start(ckpt, config.train, say)   # newest good, or a rollback branch
+  window = Window(meta.get("window"))                     # the open log window, restored
+  record = ConfigRecord(config, workdir, start, say)      # config.json and its history
+  raise FloatingPointError(divergence_message(...))       # how to roll back and train on
+
+Used by encoder_jax.train.loop, whose docstring states the behaviour these pieces give.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+from etils import epath
+import jax
+import ml_collections
+import numpy as np
+
+from encoder_jax.train.checkpoint import Checkpointer, CheckpointError
+
+CONFIG_FILE = "config.json"
+
+
+class Window:
+  """The per-step metrics since the last log row, as float64 sums in step order.
+
+  A log row is their mean. The sums travel with every checkpoint, so the first row after a
+  resume averages the same steps, summed in the same order, as the uninterrupted run's row:
+  metrics.jsonl matches row for row whatever log_every and checkpoint_every are.
+  """
+
+  def __init__(self, saved: dict | None = None):
+    self.n = int(saved["n"]) if saved else 0
+    self.sums = {k: float(v) for k, v in saved["sums"].items()} if saved else {}
+
+  def add(self, m: dict[str, np.ndarray]) -> None:
+    self.n += 1
+    for k, v in m.items():
+      self.sums[k] = self.sums.get(k, 0.0) + float(v)
+
+  def take_means(self) -> dict[str, float] | None:
+    if not self.n:
+      return None
+    means = {k: v / self.n for k, v in self.sums.items()}
+    self.n, self.sums = 0, {}
+    return means
+
+  def state(self) -> dict:
+    return {"n": self.n, "sums": dict(self.sums)}
+
+
+def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
+  out = {}
+  for k, v in d.items():
+    out |= _flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v}
+  return out
+
+
+class ConfigRecord:
+  """config.json holds the config of the newest checkpoints.
+
+  A fresh run writes it at once. A resumed run whose config differs (a new learning rate, a
+  rollback) replaces it only once it has sealed a checkpoint of its own, keeping the old one
+  as config.before_step_<start>.json: a run that fails before that (e.g. diverging at a too
+  high learning rate) leaves the good run's config.json as it was.
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str, start: int,
+               say: Callable[[str], None]):
+    self.text = config.to_json_best_effort(indent=2, sort_keys=True)
+    self.path = epath.Path(workdir) / CONFIG_FILE
+    self.start, self.pending = start, False
+    self.enabled = jax.process_index() == 0
+    if not self.path.exists():
+      self._write()
+      return
+    old_text = self.path.read_text()
+    if old_text == self.text:
+      return
+    try:
+      old, new = _flat(json.loads(old_text)), _flat(json.loads(self.text))
+      changed = [f"{k}: {old.get(k)} -> {new.get(k)}" for k in sorted(set(old) | set(new))
+                 if old.get(k) != new.get(k)]
+    except ValueError:
+      changed = ["(config.json is not JSON)"]
+    say(f"the config differs from {self.path} ({'; '.join(changed[:6])}"
+        f"{' ...' if len(changed) > 6 else ''}); it is recorded there once this run saves "
+        "a checkpoint")
+    self.pending = True
+
+  def _write(self):
+    if self.enabled:
+      self.path.write_text(self.text)
+
+  def commit(self) -> None:
+    """Call once this run has sealed a checkpoint."""
+    if not self.pending:
+      return
+    self.pending = False
+    if self.enabled:
+      old, n = self.path.parent / f"config.before_step_{self.start}.json", 1
+      while old.exists():
+        old, n = self.path.parent / f"config.before_step_{self.start}.{n}.json", n + 1
+      self.path.rename(old)
+    self._write()
+
+
+def choose_start(ckpt: Checkpointer, t: ml_collections.ConfigDict,
+                 say: Callable[[str], None]) -> tuple[int, dict | None]:
+  """(step to restore, 0 for none; the branch to record, or None to keep the checkpoint's).
+
+  train.resume_step = S rolls back to checkpoint S and starts a branch {"from": S, "skip": K}
+  that its checkpoints record; when the newest good checkpoint already continues that branch
+  (a restart of the same command after a preemption), it is resumed instead.
+  """
+  newest = ckpt.newest_good(report=say)
+  want = t.get("resume_step", 0)
+  if not want:
+    return newest or 0, None
+  branch = {"from": want, "skip": t.get("skip_batches", 0)}
+  if newest is not None and newest > want and ckpt.read_meta(newest).get("branch") == branch:
+    return newest, branch
+  if newest is None or ckpt.newest_good(below=want + 1, report=say) != want:
+    raise CheckpointError(f"train.resume_step={want}: {ckpt.directory} holds no good checkpoint "
+                      f"at that step (good steps: {ckpt.all_steps() or 'none'}); pick one of "
+                      "them, or 0 for the newest.")
+  for step, aside in ckpt.set_aside_after(want, f"set aside when the run rolled back to step "
+                                                f"{want} (train.resume_step)"):
+    say(f"rolling back to step {want}: checkpoint {step} moved to {aside}")
+  return want, branch
+
+
+def divergence_message(e: FloatingPointError, ckpt: Checkpointer, aside, rollback: dict,
+                        lr: float) -> str:
+  bad_step, key, value = e.args
+  kept = ckpt.all_steps()
+  msg = [f"Non-finite {key} ({value}) at step {bad_step}: stopped without saving that state."]
+  if aside is not None:
+    msg.append(f"Checkpoint {bad_step - 1}, the state that produced it, was moved to {aside}.")
+  if not kept:
+    msg.append(f"No checkpoint was kept in {ckpt.directory}; lower optim.learning_rate, "
+               "lengthen optim.warmup_steps, keep optim.clip_grad_norm > 0, or use norm=pre.")
+    return " ".join(msg)
+  msg.append(f"Kept checkpoints: {', '.join(map(str, kept))} in {ckpt.directory}; a plain "
+             f"restart resumes from {kept[-1]} and meets the same batches at the same "
+             "learning rate.")
+  back = rollback["step"] if rollback["step"] in kept else kept[-1]
+  why = (f"the rollback checkpoint, saved before the finite evaluation at step "
+         f"{rollback['at']}" if back == rollback["step"] else "the newest kept checkpoint")
+  msg.append(f"To train on from {back} ({why}), re-run with --config.train.resume_step={back} "
+             f"and a lower --config.optim.learning_rate (now {lr:g}; e.g. {lr / 2:g}) and/or "
+             f"--config.train.skip_batches={bad_step - back} (skip the batches that led here, "
+             "as PaLM did after loss spikes).")
+  return "\n".join(msg)
