@@ -120,3 +120,37 @@ def test_export_refuses_pre_ln(tmp_path):
 def test_bare_checkpoint_as_pretraining_model_says_how(ckpt):
   with pytest.raises(ValueError, match="pretraining=False"):
     load_hf_bert(ckpt, pretraining=True)
+
+
+def test_embedding_projection_matches_transformers_electra():
+  """ELECTRA-small's embeddings are narrower than its hidden size (128 -> 256): the encoder
+  projects them once, between the embedding LayerNorm and the first block, as HF's
+  ElectraModel (`embeddings_project`) does. Same weights, same outputs."""
+  from encoder_jax.convert.hf_bert import _encoder_to_hf
+  from encoder_jax.model import Encoder
+  cfg = ModelConfig(vocab_size=50, hidden_size=32, embedding_size=16, num_layers=2,
+                    num_heads=4, ffn_size=64, max_positions=16, scan_layers=False)
+  ours = Encoder(cfg, rngs=nnx.Rngs(0))
+  pure = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(ours, nnx.Param)))
+  assert pure["embeddings"]["token"]["embedding"].shape == (50, 16)
+  tensors = _encoder_to_hf(pure, cfg)
+  tensors["embeddings_project.weight"] = pure["embed_proj"]["kernel"].T
+  tensors["embeddings_project.bias"] = pure["embed_proj"]["bias"]
+  hf = transformers.ElectraModel(transformers.ElectraConfig(
+      vocab_size=50, embedding_size=16, hidden_size=32, num_hidden_layers=2,
+      num_attention_heads=4, intermediate_size=64, max_position_embeddings=16,
+      hidden_act="gelu", layer_norm_eps=cfg.layer_norm_eps)).eval()
+  info = hf.load_state_dict({k: torch.tensor(np.array(v)) for k, v in tensors.items()},
+                            strict=False)
+  assert not info.unexpected_keys and not [k for k in info.missing_keys
+                                           if not k.endswith("position_ids")], info
+  ids = np.array([[2, 5, 6, 7, 3, 0], [2, 9, 3, 11, 12, 3]])
+  mask = ids != 0
+  tt = np.array([[0, 0, 0, 0, 0, 0], [0, 0, 0, 1, 1, 1]])
+  with torch.no_grad():
+    ref = hf(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask.astype(np.int64)),
+             token_type_ids=torch.tensor(tt)).last_hidden_state.numpy()
+  out = nnx.jit(lambda m, x, msk, t: m(x, msk, t))(ours, jnp.asarray(ids), jnp.asarray(mask),
+                                                    jnp.asarray(tt)).hidden_BxTxD
+  assert out.shape == (2, 6, 32)
+  assert np.abs(np.asarray(out)[mask] - ref[mask]).max() <= TOL

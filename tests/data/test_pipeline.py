@@ -104,6 +104,31 @@ def test_iterator_restore_is_exact(nsp_rows, worker_count):
     other.set_state(state)
 
 
+def test_restore_on_another_host_count_continues_the_same_global_batches():
+  """A state saved on 2 hosts, mid-way through the third epoch, restores on 1 and on 4 hosts:
+  the global batches that follow are those of the uninterrupted run."""
+  rows = _IndexRows(50)  # 6 global batches of 8 per epoch (+ 2 rows into the next)
+  straight = _global_batches(rows, 1, 8, 25, seed=3)
+  saved = []
+  for h in range(2):
+    it = iter(pipeline.Loader(rows, pipeline.LoaderConfig(8, 3, process_index=h,
+                                                          process_count=2, read_threads=1)))
+    for _ in range(15):
+      next(it)
+    saved.append(it.get_state())
+  assert saved[0] == saved[1]  # one state for every host
+  for n in (1, 4):
+    per_host = []
+    for h in range(n):
+      it = iter(pipeline.Loader(rows, pipeline.LoaderConfig(8, 3, process_index=h,
+                                                            process_count=n, read_threads=1)))
+      it.set_state(dict(saved[0]))
+      per_host.append([next(it)["row"] for _ in range(10)])
+    for s in range(10):
+      np.testing.assert_array_equal(np.concatenate([p[s] for p in per_host]), straight[15 + s],
+                                    err_msg=f"{n} hosts, step {15 + s}")
+
+
 def test_empty_dataset_is_an_error():
   with pytest.raises(ValueError, match="no rows"):
     pipeline.host_stream(_IndexRows(0), seed=0)

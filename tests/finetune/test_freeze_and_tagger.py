@@ -1,10 +1,11 @@
-"""The tagger loss reads first subtokens only; freezing and eval mode are different switches."""
+"""The tagger loss reads first subtokens only; freezing and eval mode are different switches,
+both set from the run config (trainer.build_steps)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from encoder_jax.finetune import trainer
+from encoder_jax.finetune import tasks, trainer
 from encoder_jax.finetune.backbone import Backbone, build_model
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.train.step import TrainState
@@ -35,23 +36,37 @@ def test_tagger_loss_ignores_non_first_subtokens_and_pads(tiny_vocab):
                                       "weights": jnp.ones(1)})[0]
 
 
-def _train_steps(tiny_config, freeze: bool, dropout: bool, n: int = 2):
-  cfg = ModelConfig(vocab_size=64, hidden_size=32, num_heads=2, ffn_size=64, num_layers=1,
-                    max_positions=16, hidden_dropout=0.1, attention_dropout=0.0)
-  model = build_model(Backbone(cfg, None, None, "random"), "classify", 2, pooling="cls", seed=0)
+CFG = ModelConfig(vocab_size=64, hidden_size=32, num_heads=2, ffn_size=64, num_layers=1,
+                  max_positions=16, hidden_dropout=0.1, attention_dropout=0.0)
+
+
+def _batch():
+  rng = np.random.default_rng(0)
+  return {"input_ids": rng.integers(5, 64, (4, 16)).astype(np.int32),
+          "mask": np.ones((4, 16), np.int32), "token_types": np.zeros((4, 16), np.int32),
+          "labels": np.array([0, 1, 0, 1], np.int32), "weights": np.ones(4, np.float32)}
+
+
+def _setup(tiny_config, freeze: bool, dropout: bool, n: int = 2, **changes):
+  """A classifier and its steps as a run builds them (trainer.build_steps from the config's
+  freeze_encoder / dropout); the embedding LayerNorm's bias starts at -0.0, which a zero
+  update would turn into +0.0."""
+  model = build_model(Backbone(CFG, None, None, "random"), "classify", 2, pooling="cls", seed=0)
+  model.encoder.embeddings.ln.bias[...] = jnp.full((CFG.hidden_size,), -0.0)
   config = tiny_config("glue/cola", "", freeze_encoder=freeze, dropout=dropout,
-                       learning_rate=1e-2, warmup_frac=0.0)
-  tx, schedule = trainer.make_optimizer(config, num_layers=1, total_steps=n)
-  steps = trainer.make_steps(model, tx, schedule, freeze=freeze, dropout=dropout)
+                       learning_rate=1e-2, warmup_frac=0.0, epochs=n, batch_size=4, **changes)
+  data = {"train": tasks.Encoded(_batch())}
+  steps, tx = trainer.build_steps(tasks.get_task("glue/cola"), model, data, config)
   params = nnx.state(model, nnx.Param)
+  return steps, tx, params
+
+
+def _train_steps(tiny_config, freeze: bool, dropout: bool, n: int = 2):
+  steps, tx, params = _setup(tiny_config, freeze, dropout, n)
   before = trainer.host_copy(params)
   state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
-  rng = np.random.default_rng(0)
-  batch = {"input_ids": rng.integers(5, 64, (4, 16)).astype(np.int32),
-           "mask": np.ones((4, 16), np.int32), "token_types": np.zeros((4, 16), np.int32),
-           "labels": np.array([0, 1, 0, 1], np.int32), "weights": np.ones(4, np.float32)}
   for _ in range(n):
-    state, _ = steps.train(state, batch, jax.random.key(0))
+    state, m = steps.train(state, _batch(), jax.random.key(0))
   return before, trainer.host_copy(state.params)
 
 
@@ -70,10 +85,33 @@ def test_freezing_keeps_encoder_bit_identical_and_trains_the_head(tiny_config):
   head = _changed(before, after, encoder=False)
   assert head and all(head.values())
   # Bit-identical, not merely equal as floats (-0.0 == 0.0): compare raw bytes.
+  assert np.signbit(before["encoder"]["embeddings"]["ln"]["bias"]).all()
   for (path, b), a in zip(jax.tree_util.tree_flatten_with_path(before)[0],
                           jax.tree.leaves(after)):
     if trainer.is_encoder_param(path):
       assert b.tobytes() == a.tobytes(), jax.tree_util.keystr(path)
+
+
+def test_freezing_cuts_the_encoders_gradient_and_update(tiny_config):
+  """Frozen: the step's gradient is the head's alone (so clipping by the global norm is not
+  diluted by encoder gradients), and the optimizer updates no encoder parameter."""
+  steps, tx, params = _setup(tiny_config, freeze=True, dropout=False, n=1)
+  batch = _batch()
+  loss = lambda p: trainer.task_loss("classify", nnx.merge(steps.graphdef_eval, p)(batch),
+                                     batch)[0]
+  grads = jax.jit(jax.grad(loss))(params)
+  flat = jax.tree_util.tree_flatten_with_path(grads)[0]
+  head_norm = np.sqrt(sum(float(jnp.sum(g * g)) for p, g in flat
+                          if not trainer.is_encoder_param(p)))
+  encoder_norm = np.sqrt(sum(float(jnp.sum(g * g)) for p, g in flat
+                             if trainer.is_encoder_param(p)))
+  assert encoder_norm > 0.1 * head_norm  # what an uncut gradient would add
+  updates, _ = tx.update(grads, tx.init(params), params)
+  for path, u in jax.tree_util.tree_flatten_with_path(updates)[0]:
+    assert (np.asarray(u) == 0).all() == trainer.is_encoder_param(path), path
+  state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+  _, m = steps.train(state, batch, jax.random.key(0))  # donates params
+  np.testing.assert_allclose(m["grad_norm"], head_norm, rtol=1e-5)
 
 
 def test_eval_mode_does_not_freeze(tiny_config):
@@ -81,6 +119,24 @@ def test_eval_mode_does_not_freeze(tiny_config):
   before, after = _train_steps(tiny_config, freeze=False, dropout=False)
   enc = _changed(before, after, encoder=True)
   assert enc and all(enc.values()), [k for k, v in enc.items() if not v]
+
+
+def test_dropout_only_while_training(tiny_config):
+  """dropout=True: the train step drops (the loss it reports, of the parameters before its
+  update, differs from the prediction's); predictions never do. dropout=False: the train
+  step's loss is the prediction's."""
+  batch = _batch()
+  for dropout in (True, False):
+    steps, tx, params = _setup(tiny_config, freeze=False, dropout=dropout, n=1)
+    state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+    predicted = trainer.task_loss("classify", steps.predict(params, batch), batch)[0]
+    assert float(predicted) == float(trainer.task_loss(
+        "classify", steps.predict(params, batch), batch)[0])
+    _, m = steps.train(state, batch, jax.random.key(0))
+    if dropout:
+      assert abs(float(m["loss"]) - float(predicted)) > 1e-4
+    else:
+      np.testing.assert_allclose(m["loss"], predicted, rtol=1e-6)
 
 
 def test_length_grouped_order_is_a_permutation_with_aligned_batches():

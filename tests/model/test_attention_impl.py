@@ -11,17 +11,43 @@ from encoder_jax.model.config import ModelConfig, model_config_for_size
 from encoder_jax.model.encoder import Encoder
 
 
-def _out(impl):
-  cfg = model_config_for_size("tiny", vocab_size=64, max_positions=16, attention_impl=impl)
+def _out(impl, dtype="float32"):
+  cfg = model_config_for_size("tiny", vocab_size=64, max_positions=16, attention_impl=impl,
+                              dtype=dtype)
   enc = Encoder(cfg, rngs=nnx.Rngs(0))
   ids = jnp.array([[2, 5, 7, 9, 0, 0], [3, 4, 0, 0, 0, 0]])
   return enc(ids, ids != 0).hidden_BxTxD
 
 
-def test_auto_is_xla_off_gpu():
-  if jax.default_backend() == "gpu":
-    pytest.skip("CPU/TPU behaviour")
-  np.testing.assert_array_equal(_out("auto"), _out("xla"))
+def _asked_for(monkeypatch, backend, dtype):
+  """The implementations "auto" asks jax.nn.dot_product_attention for, in order, on a
+  machine whose default backend reads `backend` (the calls still run on this CPU)."""
+  asked, real = [], jax.nn.dot_product_attention
+
+  def spy(*args, implementation=None, **kwargs):
+    asked.append(implementation)
+    return real(*args, implementation=implementation, **kwargs)
+
+  monkeypatch.setattr(jax.nn, "dot_product_attention", spy)
+  monkeypatch.setattr(jax, "default_backend", lambda: backend)
+  out = _out("auto", dtype)
+  monkeypatch.undo()
+  return asked, out
+
+
+def test_auto_picks_cudnn_only_on_gpu_in_half_precision(monkeypatch):
+  layers = model_config_for_size("tiny").num_layers  # at most a cuDNN try + an XLA call each
+  for backend, dtype in (("cpu", "bfloat16"), ("tpu", "bfloat16"), ("gpu", "float32")):
+    asked, out = _asked_for(monkeypatch, backend, dtype)
+    assert set(asked) == {None}, (backend, dtype, asked)  # XLA, cuDNN never tried
+    np.testing.assert_array_equal(out, _out("xla", dtype))
+  # On a GPU in bf16 "auto" asks for cuDNN first; where cuDNN cannot run (this CPU) it falls
+  # back to XLA (an explicit "cudnn" raises instead, below).
+  asked, out = _asked_for(monkeypatch, "gpu", "bfloat16")
+  assert asked[0] == "cudnn" and len(asked) <= 2 * layers, asked
+  if jax.default_backend() != "gpu":
+    assert asked[1:2] == [None], asked
+    np.testing.assert_array_equal(out, _out("xla", "bfloat16"))
 
 
 def test_explicit_cudnn_raises_without_cudnn():

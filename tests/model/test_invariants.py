@@ -52,8 +52,24 @@ def test_padding_masked_is_invisible_and_unmasked_moves(encoder):
   h = run(encoder, x, m)
   hp = run(encoder, xp, mp)
   np.testing.assert_allclose(hp[:, :4], h, atol=TOL)
+  # Whatever the padded slots hold: only the mask says what is padding, not the pad id.
+  garbage = xp.at[:, 4:].set(jnp.array([50, 60, 70, 80, 90]))
+  np.testing.assert_allclose(run(encoder, garbage, mp)[:, :4], h, atol=TOL)
   h_unmasked = run(encoder, xp, jnp.ones_like(mp))  # pads visible: outputs must move
   assert float(jnp.abs(h_unmasked[:, :4] - h).max()) > 1e-4
+
+
+def test_padding_is_invisible_in_train_mode_too(encoder):
+  """Train mode with attention dropout takes the explicit softmax path: padded keys get no
+  weight there either (same key and shape, so the same dropout masks)."""
+  encoder.train()
+  fwd = nnx.jit(lambda e, x, m: e(x, m, dropout_rng=jax.random.key(3)).hidden_BxTxD)
+  x, m = ids([[5, 6, 7, 8], [9, 10]], 7)
+  garbage = jnp.where(m, x, jnp.arange(40, 47)[None, :])
+  h, hg = fwd(encoder, x, m), fwd(encoder, garbage, m)
+  np.testing.assert_allclose(hg[np.asarray(m)], h[np.asarray(m)], atol=TOL)
+  assert float(jnp.abs(fwd(encoder, garbage, jnp.ones_like(m))[0, :4] - h[0, :4]).max()) > 1e-4
+  encoder.eval()
 
 
 def test_fully_masked_rows_are_finite(encoder):
@@ -111,6 +127,27 @@ def test_masked_mean_ignores_pads():
   np.testing.assert_allclose(masked_mean(h, jnp.zeros_like(m)), [[0.0, 0.0]])  # empty row
 
 
+def test_mean_pooling_over_rows_of_different_lengths():
+  """Each row is averaged over its own real tokens (not the batch's, not T): lengths 1, 3, 5
+  and an empty row, pads holding large values."""
+  rng = np.random.default_rng(0)
+  lengths = np.array([1, 3, 5, 0])
+  m = np.arange(5)[None, :] < lengths[:, None]
+  h = np.where(m[..., None], rng.normal(size=(4, 5, 3)), 1e3).astype(np.float32)
+  want = [h[b, :n].mean(0) if n else np.zeros(3) for b, n in enumerate(lengths)]
+  np.testing.assert_allclose(masked_mean(jnp.asarray(h), jnp.asarray(m)), want, rtol=1e-6)
+  # The classifier's mean pooling: each row's logits in a batch equal the row's own, unpadded.
+  from encoder_jax.finetune.backbone import FinetuneModel
+  model = FinetuneModel(tiny(), "classify", 3, pooling="mean", rngs=nnx.Rngs(0))
+  rows = [[5, 6, 7, 8, 9, 10], [11, 12], [13, 14, 15, 16]]
+  x, mask = ids(rows, 8)
+  predict = nnx.jit(lambda mod, x, m: mod({"input_ids": x, "mask": m})["logits"])
+  batched = predict(model, x, mask)
+  for i, r in enumerate(rows):
+    alone = predict(model, *ids([r], len(r)))
+    np.testing.assert_allclose(batched[i], alone[0], atol=TOL)
+
+
 def _count(model_fn):
   abstract = nnx.eval_shape(model_fn)
   return sum(x.size for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
@@ -135,21 +172,25 @@ def test_parameters_per_block(d, h):
 
 
 def test_memory_for_cross_attention():
-  """The encoder hands back all T vectors and its mask; a decoder's cross-attention that uses
-  the mask as key mask ignores padded memory slots, whatever they hold."""
+  """The encoder hands back all T vectors and the mask it was given (not one derived from pad
+  ids): cross-attention that takes `mask_BxT` as its key mask reads exactly what it would read
+  from each row's memory without padding, whatever the padded slots hold."""
   enc = Encoder(tiny(), rngs=nnx.Rngs(0))
-  x, m = ids([[5, 6, 7], [8, 9, 10, 11, 12]], 7)
-  mem = enc(x, m)
-  assert mem.hidden_BxTxD.shape == (2, 7, 32) and mem.mask_BxT.shape == (2, 7)
+  lengths = [3, 5]
+  x = jnp.asarray(np.random.default_rng(0).integers(5, 97, (2, 7)))  # no pad id anywhere
+  m = jnp.arange(7)[None, :] < jnp.array(lengths)[:, None]
+  mem = nnx.jit(lambda e, x, m: e(x, m))(enc, x, m)
+  assert mem.hidden_BxTxD.shape == (2, 7, 32)
   np.testing.assert_array_equal(mem.mask_BxT, m)
-  q_BxQxNxH = jax.random.normal(jax.random.key(0), (2, 3, 4, 8))
-
-  def cross_attend(memory_BxTxD):
-    kv_BxTxNxH = memory_BxTxD.reshape(2, 7, 4, 8)
-    return jax.nn.dot_product_attention(q_BxQxNxH, kv_BxTxNxH, kv_BxTxNxH,
-                                        mask=mem.mask_BxT[:, None, None, :])
-  garbage = jnp.where(mem.mask_BxT[..., None], mem.hidden_BxTxD, 1e3)
-  np.testing.assert_allclose(cross_attend(mem.hidden_BxTxD), cross_attend(garbage), atol=TOL)
+  q_1xQxNxH = jax.random.normal(jax.random.key(0), (1, 3, 4, 8))
+  heads = lambda h_BxTxD: h_BxTxD.reshape(h_BxTxD.shape[:2] + (4, 8))
+  for b, n in enumerate(lengths):
+    kv = heads(mem.hidden_BxTxD[b:b + 1])
+    got = jax.nn.dot_product_attention(q_1xQxNxH, kv, kv,
+                                       mask=mem.mask_BxT[b:b + 1, None, None, :])
+    alone = heads(run(enc, x[b:b + 1, :n], m[b:b + 1, :n]))
+    want = jax.nn.dot_product_attention(q_1xQxNxH, alone, alone)
+    np.testing.assert_allclose(got, want, atol=TOL)
 
 
 def test_packed_rows_equal_separate_sequences(encoder):
@@ -267,15 +308,6 @@ def test_config_validation():
   assert model_config_for_size("electra-small").embed_size == 128
 
 
-def test_electra_small_embedding_projection():
-  cfg = model_config_for_size("electra-small", vocab_size=50, num_layers=2, max_positions=16)
-  m = BertForPreTraining(cfg, nsp=False, rngs=nnx.Rngs(0))
-  x, msk = ids([[5, 6, 7]], 4)
-  logits, nsp, out = m(x, msk, mlm_positions_BxP=jnp.array([[1, 2]]))
-  assert logits.shape == (1, 2, 50) and nsp is None and out.hidden_BxTxD.shape == (1, 4, 256)
-  assert m.bert.encoder.embeddings.token.embedding.shape == (50, 128)
-
-
 def test_nsp_off_has_no_nsp_parameters():
   m = BertForPreTraining(tiny(), nsp=False, rngs=nnx.Rngs(0))
   paths = ["/".join(map(str, p)) for p, _ in nnx.to_flat_state(nnx.state(m, nnx.Param))]
@@ -304,13 +336,22 @@ def test_task_heads_exclude_pads():
 
 
 def test_bf16_compute_keeps_fp32_params():
-  cfg = tiny(dtype="bfloat16")
-  m = BertForPreTraining(cfg, rngs=nnx.Rngs(0))
+  """bf16 compute: fp32 parameters (the same ones as an fp32 model from the same seed),
+  outputs within bf16 rounding of the fp32 model's, but really computed in bf16."""
+  m = BertForPreTraining(tiny(dtype="bfloat16"), rngs=nnx.Rngs(0))
+  ref = BertForPreTraining(tiny(), rngs=nnx.Rngs(0))
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(nnx.state(m, nnx.Param)))
-  x, msk = ids([[5, 6, 7, 8]], 4)
-  logits, nsp, out = m(x, msk)
+  x, msk = ids([[5, 6, 7, 8], [9, 10]], 4)
+  fwd = nnx.jit(lambda model, x, msk: model(x, msk))
+  (logits, nsp, out), (logits32, nsp32, out32) = fwd(m, x, msk), fwd(ref, x, msk)
   assert out.hidden_BxTxD.dtype == jnp.bfloat16
   assert logits.dtype == jnp.float32 and nsp.dtype == jnp.float32
+  valid = np.asarray(msk)
+  err = np.abs(np.asarray(out.hidden_BxTxD, np.float32) - np.asarray(out32.hidden_BxTxD))[valid]
+  # Post-LN outputs are O(1); bf16 keeps 8 bits of mantissa (relative step 2^-8 = 0.004).
+  assert 1e-3 < err.max() < 0.1, err.max()
+  np.testing.assert_allclose(logits[valid], logits32[valid], atol=0.1)
+  np.testing.assert_allclose(nsp, nsp32, atol=0.05)
 
 
 def test_logical_axis_names_on_every_parameter():

@@ -5,8 +5,9 @@
 NUM_PROCESSES processes x (8 / NUM_PROCESSES) CPU devices form one (2, 2, 2) mesh over
 `jax.distributed` (gloo collectives on 127.0.0.1). Each process reads only its rows of every
 global batch (encoder_jax.data.pipeline host sharding), runs 3 sharded MLM steps, writes a
-collective Orbax checkpoint, and saves its losses and the rows it read. With `restore_from`
-the (single) process instead restores that checkpoint onto its own mesh and saves the params.
+collective Orbax checkpoint, and saves its losses, gradient norms and the rows it read. With
+`restore_from` the (single) process instead restores that checkpoint onto its own mesh and
+saves the params.
 """
 import os
 import sys
@@ -78,15 +79,16 @@ step = S.make_train_step(tr, shardings, sh.batch_sharding(mesh))
 loader = Loader(rows, LoaderConfig(global_batch_size=8, seed=0, process_index=jax.process_index(),
                                    process_count=jax.process_count(), read_threads=1))
 it = iter(loader)
-losses, read = [], []
+losses, grad_norms, read = [], [], []
 for _ in range(3):
   local = next(it)
   read.append(local.pop("row"))
   state, m = step(state, sh.shard_batch(local, mesh))
   losses.append(float(m["loss"]))
+  grad_norms.append(float(m["grad_norm"]))
 ckpt.save(3, state, data_state=it.get_state(), meta={})
 ckpt.close()
 flat = {jax.tree_util.keystr(p): np.asarray(jax.experimental.multihost_utils.process_allgather(x, tiled=True))
         for p, x in jax.tree_util.tree_leaves_with_path(state.params)}
-np.savez(os.path.join(out, f"process{pid}.npz"), losses=np.array(losses), read=np.stack(read),
-         **flat)
+np.savez(os.path.join(out, f"process{pid}.npz"), losses=np.array(losses),
+         grad_norms=np.array(grad_norms), read=np.stack(read), **flat)

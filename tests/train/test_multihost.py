@@ -1,4 +1,5 @@
-"""Two processes x 4 CPU devices through jax.distributed == one process x 8 devices.
+"""Two processes x 4 CPU devices through jax.distributed == one process x 8 devices (losses,
+gradient norms, parameters).
 
 Each process reads only its rows; a checkpoint written by 2 processes restores in 1.
 Runs the worker in subprocesses (loopback only, bounded by timeouts).
@@ -56,6 +57,10 @@ def test_two_processes_equal_one(tmp_path):
   print(f"2x4 vs 1x8 devices: losses {ref['losses']}, max rel diff {rel.max():.1e}")
   assert rel.max() <= 1e-5
   np.testing.assert_array_equal(p0["losses"], p1["losses"])
+  # The gradient itself, not only what clipped AdamW makes of it: a gradient summed over
+  # processes instead of averaged moves the parameters exactly as the right one would.
+  np.testing.assert_allclose(p0["grad_norms"], ref["grad_norms"], rtol=1e-5)
+  np.testing.assert_array_equal(p0["grad_norms"], p1["grad_norms"])
   params = [k for k in ref.files if k.startswith("[")]
   assert params
   for k in params:

@@ -11,6 +11,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -132,3 +133,82 @@ def test_sentence_task_off_means_no_parameters_and_no_loss(objective):
     else:
       assert has_params and has_metrics == {f"{task}_loss", f"{task}_accuracy",
                                             f"{task}_count"}
+
+
+def frozen(objective="mlm", seed=0, **model):
+  """A Trainer whose updates are zero (SGD at learning rate 0): every step sees the initial
+  parameters, so losses differ between steps through the step's randomness alone."""
+  cfg, obj, batch = tiny(objective, num_layers=1, **model)
+  tr, init = step_lib.create(cfg, obj, optax.sgd(0.0), optax.constant_schedule(0.0), seed=seed)
+  return tr, init, {k: jnp.asarray(v) for k, v in batch.items()}
+
+
+def step_losses(train_step, init, batch, n=3):
+  state, out = loop.initial_state(init), []
+  for _ in range(n):
+    state, m = train_step(state, batch)
+    out.append(float(m["loss"]))
+  return out
+
+
+def test_train_step_randomness_and_modes():
+  """Masks come from fold_in(seed, step): new at every step and for every seed, the same when
+  a step is repeated. Train mode applies dropout, eval mode never does; the eval step at index
+  i draws the masks of train step i under seed 1234, so without dropout the two agree. What
+  padded slots hold never matters."""
+  eval_seed = 1234
+  tr, init, batch = frozen(seed=eval_seed)
+  train_step = step_lib.make_train_step(tr)
+  losses = step_losses(train_step, init, batch)
+  assert len(set(losses)) == 3, losses  # same parameters, new masks at every step
+  assert step_losses(train_step, init, batch) == losses  # a repeated step: bit for bit
+  other_seed, _, _ = frozen(seed=eval_seed + 1)
+  assert step_losses(step_lib.make_train_step(other_seed), init, batch, 1)[0] != losses[0]
+
+  params = jax.jit(init)().params
+  eval_step = step_lib.make_eval_step(tr, eval_seed=eval_seed)
+  eval_loss = lambda step_fn, i: float(step_fn(params, batch, i)["loss"])
+  np.testing.assert_allclose(eval_loss(eval_step, 0), losses[0], rtol=1e-6)
+  assert eval_loss(eval_step, 0) == eval_loss(eval_step, 0) != eval_loss(eval_step, 1)
+  # Only batch["mask"] says what is padding: ordinary ids in the padded slots change nothing.
+  mask = np.asarray(batch["mask"])
+  assert (~mask).sum() > 20
+  garbage = dict(batch, input_ids=jnp.where(mask, batch["input_ids"], 7))
+  np.testing.assert_allclose(float(eval_step(params, garbage, 0)["loss"]), eval_loss(eval_step, 0),
+                             rtol=1e-6)
+
+  # The same model with dropout: the train step drops (another loss for the same masks and
+  # parameters, repeatable), the eval step does not (the dropout-free loss).
+  tr_drop, init_drop, _ = frozen(seed=eval_seed, hidden_dropout=0.3, attention_dropout=0.3)
+  train_drop = step_lib.make_train_step(tr_drop)
+  dropped = step_losses(train_drop, init_drop, batch, 1)[0]
+  assert abs(dropped - losses[0]) > 1e-3
+  np.testing.assert_allclose(step_losses(train_drop, init_drop, garbage, 1)[0], dropped,
+                             rtol=1e-6)
+  eval_drop = step_lib.make_eval_step(tr_drop, eval_seed=eval_seed)
+  np.testing.assert_allclose(eval_loss(eval_drop, 0), losses[0], rtol=1e-6)
+
+
+def test_electra_step_gradient_is_generator_plus_50_discriminator():
+  """The train step differentiates gen MLM + 50 * RTD (ELECTRA's lambda): its gradient norm
+  equals that of the two losses' gradients combined by hand, with the discriminator's share
+  large enough that another weight would show."""
+  tr, init, batch = frozen("electra")
+  params = jax.jit(init)().params
+  key = step_lib.step_key(tr.seed, 0)
+
+  def parts(p):
+    model = nnx.merge(tr.graphdef_train, p)
+    _, m = step_lib.loss_and_metrics(model, batch, key, tr.obj, train=True)
+    return m["gen_loss"], m["disc_loss"]
+
+  g_gen, g_disc = jax.jit(jax.jacrev(parts))(params)
+  combined = lambda w: float(optax.tree.norm(jax.tree.map(lambda a, b: a + w * b, g_gen,
+                                                          g_disc)))
+  _, m = step_lib.make_train_step(tr)(loop.initial_state(init), batch)
+  np.testing.assert_allclose(m["grad_norm"], combined(50.0), rtol=1e-4)
+  assert abs(combined(1.0) / combined(50.0) - 1) > 0.2 and abs(combined(40.0) / combined(50.0)
+                                                                - 1) > 0.01
+  # No discriminator gradient reaches the generator's own layers; the RTD head learns from RTD.
+  assert all((np.asarray(x) == 0).all() for x in jax.tree.leaves(g_disc["generator"]["blocks"]))
+  assert all((np.asarray(x) == 0).all() for x in jax.tree.leaves(g_gen["rtd"]))
