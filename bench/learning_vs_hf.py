@@ -1,7 +1,7 @@
 r"""Learning per second: our trainer vs HF torch `BertForMaskedLM` on the same recipe.
 
   python bench/learning_vs_hf.py                       # tiny, 800 steps, + demo recipe
-  python bench/learning_vs_hf.py --steps=20 --eval_every=10 --noise_seeds=0 --nodemo
+  python bench/learning_vs_hf.py --steps=20 --warmup_steps=5 --eval_every=10 --nodemo
   python bench/learning_vs_hf.py --dry_run --out_dir=/tmp/x   # 3 steps: are the inputs equal?
 
 1. Same recipe. Our trainer (configs/pretrain.py, post-LN, --size) and HF's BertForMaskedLM of
@@ -82,9 +82,9 @@ def same_recipe_config(seed: int):
   config.data.update(dict(vocab="demo", format="full_sentences", max_length=_SEQ.value,
                           batch_size=_BATCH.value, pack=False))
   config.model.update(dict(hidden_dropout=_DROPOUT.value, attention_dropout=_DROPOUT.value))
+  # mask_frac / random_frac stay None: the MLM default, BERT's 80/10/10 (ObjectiveConfig).
   config.objective.update(dict(objective="mlm", sentence_task="none", mask_rate=0.15,
-                               mask_frac=0.8, random_frac=0.1, whole_word=False,
-                               masking="dynamic"))
+                               whole_word=False, masking="dynamic"))
   config.optim.update(dict(optimizer="adamw", learning_rate=_LR.value, b1=0.9, b2=0.999,
                            eps=1e-6, weight_decay=0.01, schedule="linear",
                            warmup_steps=_WARMUP.value, total_steps=_STEPS.value,
@@ -281,8 +281,12 @@ def headline(ours: dict, hf: dict) -> list[str]:
 
 
 def config_diff(a, b, prefix="") -> list[str]:
-  """Leaves that differ between two ConfigDicts (`a` the demo recipe, `b` the same recipe)."""
+  """Leaves that differ between two ConfigDicts (`a` the demo recipe, `b` the same recipe),
+  after resolving the decay horizon's sentinel (optim.total_steps = 0: train.steps)."""
   da, db = a.to_dict(), b.to_dict()
+  for d in (da, db):
+    if not d["optim"]["total_steps"]:
+      d["optim"]["total_steps"] = max(1, d["train"]["steps"] // d["optim"]["accumulation_steps"])
   out = []
 
   def walk(x, y, path):
@@ -361,6 +365,9 @@ def main(argv):
       flags.FLAGS[flag.name].value = value
   if _EVAL_EVERY.value < 1 or _STEPS.value < 1:
     raise app.UsageError("--steps and --eval_every must be >= 1.")
+  if not 0 <= _WARMUP.value <= _STEPS.value:
+    raise app.UsageError(f"--warmup_steps={_WARMUP.value} must be in [0, --steps="
+                         f"{_STEPS.value}]; e.g. --steps=20 --warmup_steps=5.")
   base = same_recipe_config(_SEED.value)
   out = [f"learning_vs_hf, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores: "
          + " ".join(sys.argv[1:]),
