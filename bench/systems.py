@@ -250,13 +250,16 @@ def _rss() -> dict:
   return out
 
 
-def _serve(conn, spec: StepSpec, batches, env: dict[str, str]):
+def _serve(conn, spec, batches, env: dict[str, str], factory=None):
   os.environ.update(env)  # XLA_FLAGS etc. must be set before jax is imported
   if spec.src:
     sys.path.insert(0, os.path.abspath(spec.src))  # before encoder_jax is first imported
   try:
-    system = (_Hf if spec.system == "hf" else _Ours)(spec, batches)
-    system.run(1)  # warm-up: first-touch allocations, caches
+    system = (factory or (_Hf if spec.system == "hf" else _Ours))(spec, batches)
+    if hasattr(system, "warmup"):
+      system.warmup()
+    else:
+      system.run(1)  # warm-up: first-touch allocations, caches
     conn.send(("ready", None))
     while True:
       cmd, arg = conn.recv()
@@ -276,10 +279,16 @@ def _serve(conn, spec: StepSpec, batches, env: dict[str, str]):
 
 
 class Worker:
-  """A child process holding one system; `run(n)` times n steps there and returns seconds."""
+  """A child process holding one system; `run(n)` times n steps there and returns seconds.
 
-  def __init__(self, spec: StepSpec, batches, env: dict[str, str] | None = None,
-               wait: bool = True):
+  The system is `factory(spec, batches)` built in the child (default: our step or HF's, by
+  `spec.system`): a module-level class with `run(n)` and `info() -> dict`, and optionally
+  `warmup()` to replace the untimed warm-up step (a learning curve may not skip a step). Any
+  spec with `label`, `xla_flags` and `src` fields works (bench/learners.py has its own).
+  """
+
+  def __init__(self, spec, batches, env: dict[str, str] | None = None,
+               wait: bool = True, factory=None):
     self.spec = spec
     ctx = mp.get_context("spawn")  # fresh interpreter: no inherited jax/torch thread pools
     self._conn, child = ctx.Pipe()
@@ -287,7 +296,8 @@ class Worker:
     if spec.xla_flags:
       env["XLA_FLAGS"] = " ".join(x for x in (env.get("XLA_FLAGS", os.environ.get(
           "XLA_FLAGS", "")), spec.xla_flags) if x)
-    self._proc = ctx.Process(target=_serve, args=(child, spec, batches, env), daemon=True)
+    self._proc = ctx.Process(target=_serve, args=(child, spec, batches, env, factory),
+                             daemon=True)
     saved = dict(os.environ)
     os.environ.update(env)  # the child's environment is the parent's at start()
     try:
