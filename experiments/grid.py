@@ -22,8 +22,21 @@ import math
 import re
 from typing import Any, Callable, Mapping, Sequence
 
-# BERT uncased WordPiece (the "minilm" vocab every demo grid uses): 30,522 ids.
+# BERT uncased WordPiece (data.vocab "minilm", what the BERT-base grids use): 30,522 ids.
 BERT_UNCASED_VOCAB = 30_522
+# data.vocab "demo": the WordPiece vocab trained on the demo corpus (encoder_jax.data.builders).
+DEMO_VOCAB_SIZE = 8192
+
+
+def vocab_size_of(vocab: str) -> int:
+  """The number of ids of a `data.vocab` spec, without building it: "minilm" 30,522,
+  "demo[:<size>]" its size, a vocab.txt path its line count."""
+  if vocab == "minilm":
+    return BERT_UNCASED_VOCAB
+  if vocab == "demo" or vocab.startswith("demo:"):
+    return int(vocab.partition(":")[2] or DEMO_VOCAB_SIZE)
+  with open(vocab, encoding="utf-8") as f:
+    return sum(1 for _ in f)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,12 +147,13 @@ def resolve_config(pretrain_arg: str, overrides: Mapping[str, Any]):
   return config
 
 
-def flops_per_step(config, vocab_size: int = BERT_UNCASED_VOCAB) -> float:
-  """Analytic training FLOPs of one step of `config` (exactly what the trainer logs)."""
+def flops_per_step(config, vocab_size: int | None = None) -> float:
+  """Analytic training FLOPs of one step of `config` (exactly what the trainer logs); the
+  vocabulary size defaults to that of `config.data.vocab`."""
   from encoder_jax.model.electra import generator_config
   from encoder_jax.train import flops as flops_lib
   from encoder_jax.train.loop import default_max_predictions, model_config
-  cfg = model_config(config, vocab_size)
+  cfg = model_config(config, vocab_size or vocab_size_of(config.data.vocab))
   o = config.objective
   max_pred = o.max_predictions or default_max_predictions(o.objective, o.mask_rate,
                                                           config.data.max_length)

@@ -20,7 +20,8 @@ transformers = pytest.importorskip("transformers")
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "train"))
-from test_loop import env, tiny_config  # noqa: E402,F401  (env: the module's corpus fixture)
+import loop_helpers  # noqa: E402
+from loop_helpers import tiny_config  # noqa: E402
 
 from encoder_jax.convert import export  # noqa: E402
 from encoder_jax.convert import load_hf_bert, load_hf_electra_pair  # noqa: E402
@@ -31,6 +32,12 @@ from encoder_jax.train import loop  # noqa: E402
 pytestmark = pytest.mark.parity
 TOL = 1e-5
 TEXTS = ["Call me Ishmael.", "The state of our union is strong, and growing."]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+  """A small corpus for the trainer runs that write the checkpoints exported here."""
+  return loop_helpers.make_env(tmp_path_factory.mktemp("export_env"))
 
 
 def _train(env, workdir, objective="mlm", **model):
