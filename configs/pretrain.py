@@ -3,7 +3,7 @@
 Run (from the repo root):
   bash run.sh python -m encoder_jax.main --mode=pretrain --workdir=/tmp/run \
       --config=configs/pretrain.py:size=mini,objective=electra,nsp=none,norm=pre
-The demo recipe alone (the main job's pre-training, ~9 min on 2 CPU cores; `bash run.sh demo`
+The demo recipe alone (the main job's pre-training, ~7 min on 2 CPU cores; `bash run.sh demo`
 adds the fine-tuning comparison):
   bash run.sh python -m encoder_jax.main --mode=pretrain --workdir=/tmp/demo_run \
       --config=configs/pretrain.py:runlocal
@@ -187,8 +187,11 @@ def runlocal(config: ml_collections.ConfigDict) -> None:
       rate; eval positions are chosen exactly as in training).
     * size tiny (2 x 128): 2 x 256 reached 17.5% and costs 3x per token; 3 layers see below.
     * scanned layers with "dots" remat: 10% more tokens/s than unrolled layers here.
-  One 8M-token run of this recipe: 16.5 / 20.0 / 22.3 / 24.4% after 1 / 3 / 5 / 7M tokens.
-  At ~12k tokens/s on 2 quiet cores, 6,000 steps (6.1M tokens) take ~9 minutes.
+  Measured with `bash run.sh demo` on a fresh clone and an empty cache (2 quiet cores, 13.1k
+  tokens/s): 16.0 / 19.8 / 21.2 / 22.3 / 23.3 / 23.9% after 1 / 2 / 3 / 4 / 5 / 6M tokens
+  (1.4 / 2.6 / 3.9 / 5.2 / 6.6 / 8.0 min); an 8M-token run reached 24.2%. 5,000 steps (5.1M
+  tokens, ~7 min) leave the fine-tuning comparison room inside the main job's 15 minutes;
+  `python -m encoder_jax.demo --curve_of=<workdir>/pretrain` plots a run's curve.
   """
   if config.model.hidden_size % 8 == 0:
     config.model.num_heads = max(config.model.num_heads, 8)
@@ -197,5 +200,5 @@ def runlocal(config: ml_collections.ConfigDict) -> None:
   config.data.update(dict(vocab="demo", max_length=128, batch_size=8))
   config.objective.mask_rate = 0.2
   config.optim.update(dict(learning_rate=2e-3, b2=0.98, warmup_steps=100))
-  config.train.update(dict(steps=6000, log_every=100, eval_every=1000, eval_steps=64,
+  config.train.update(dict(steps=5000, log_every=100, eval_every=1000, eval_steps=64,
                            checkpoint_every=1000, keep=2))

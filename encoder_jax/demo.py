@@ -34,6 +34,9 @@ flags.DEFINE_string("workdir", "runs/demo", "Where the pre-training run, the fin
                     "results.md go; re-running resumes / reuses what is there.")
 flags.DEFINE_integer("seeds", 3, "Fine-tuning seeds per task and backbone.")
 flags.DEFINE_list("tasks", ["rotten_tomatoes", "brown_pos"], "Demo tasks to fine-tune on.")
+flags.DEFINE_string("curve_of", "", "Only plot and tabulate the held-out accuracy curve of an "
+                    "existing pre-training workdir (against tokens and minutes) into "
+                    "<it>/curve.png and print it; nothing is trained.")
 flags.DEFINE_list("inits", ["pretrained", "random", "minilm"], "Backbones: pretrained (this "
                   "run's checkpoint), random (same shape and vocab), minilm (all-MiniLM-L6-v2).")
 
@@ -78,12 +81,81 @@ def _majority_rate(task: str, cache_dir=None) -> float | None:
   return float(np.mean(test == np.bincount(train).argmax()))
 
 
+TARGET_ACCURACY = 0.25  # the demo's goal for held-out masked-token accuracy
+
+
+def learning_curve(pretrain_dir: pathlib.Path) -> list[dict]:
+  """The eval rows of a pre-training run with tokens and minutes: tokens = step x batch x
+  row length (padding included), minutes = wall-clock since the first step (the first logged
+  step's time minus its steps at the logged step time; a resumed run's pause is not counted out).
+  """
+  config = json.loads((pretrain_dir / "config.json").read_text())
+  per_step = config["data"]["batch_size"] * config["data"]["max_length"]
+  rows = [json.loads(l) for l in (pretrain_dir / "metrics.jsonl").read_text().splitlines()
+          if l.strip()]
+  train = [r for r in rows if r["split"] == "train" and "step_time_s" in r]
+  if not train:
+    return []
+  start = train[0]["time"] - train[0]["step"] * train[0]["step_time_s"]
+  out = []
+  for r in rows:
+    acc_key = next((k for k in ("mlm_accuracy", "gen_accuracy") if k in r), None)
+    if r["split"] != "eval" or acc_key is None:
+      continue
+    pred = acc_key.split("_")[0]
+    out.append(dict(step=r["step"], tokens=r["step"] * per_step,
+                    minutes=(r["time"] - start) / 60, accuracy=r[acc_key],
+                    unigram_accuracy=r.get("unigram_accuracy", float("nan")),
+                    at_mask_accuracy=r.get(f"{pred}_at_mask_accuracy", float("nan")),
+                    nats_below_unigram=r.get("unigram_loss", float("nan")) - r[f"{pred}_loss"]))
+  return out
+
+
+def curve_lines(curve: list[dict]) -> list[str]:
+  lines = ["| step | tokens | minutes | masked-token accuracy | at [MASK] inputs | unigram "
+           "baseline | nats below unigram |", "|---|---|---|---|---|---|---|"]
+  for c in curve:
+    lines.append(f"| {c['step']} | {c['tokens'] / 1e6:.2f}M | {c['minutes']:.1f} | "
+                 f"{c['accuracy']:.1%} | {c['at_mask_accuracy']:.1%} | "
+                 f"{c['unigram_accuracy']:.1%} | {c['nats_below_unigram']:.3f} |")
+  hit = next((c for c in curve if c["accuracy"] >= TARGET_ACCURACY), None)
+  lines += ["", f"{TARGET_ACCURACY:.0%} held-out accuracy: " + (
+      f"reached at step {hit['step']} ({hit['tokens'] / 1e6:.2f}M tokens, "
+      f"{hit['minutes']:.1f} min)." if hit else "not reached in this run.")]
+  return lines
+
+
+def plot_curve(curve: list[dict], path: pathlib.Path, title: str) -> None:
+  """Held-out accuracy against tokens and against minutes, the unigram baseline and the 25%
+  goal drawn in."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+  for ax, key, label in ((axes[0], "tokens", "training tokens (millions)"),
+                         (axes[1], "minutes", "wall-clock minutes")):
+    x = [c[key] / (1e6 if key == "tokens" else 1) for c in curve]
+    ax.plot(x, [c["accuracy"] for c in curve], "o-", label="masked-token accuracy")
+    ax.plot(x, [c["at_mask_accuracy"] for c in curve], "s--", label="at [MASK] inputs only")
+    ax.plot(x, [c["unigram_accuracy"] for c in curve], ":", label="unigram baseline")
+    ax.axhline(TARGET_ACCURACY, color="grey", lw=0.8, label=f"{TARGET_ACCURACY:.0%} goal")
+    ax.set_xlabel(label)
+    ax.set_ylabel("held-out accuracy")
+    ax.grid(alpha=0.3)
+  axes[0].legend(fontsize=8)
+  fig.suptitle(title, fontsize=10)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
 def _range(summary: dict, key: str) -> tuple[float, float, float] | None:
   s = summary.get(key)
   return None if s is None else (s["median"], s["min"], s["max"])
 
 
-def report(pretrain_summary: dict, finetuned: dict[str, dict[str, dict]], seeds: int) -> str:
+def report(pretrain_summary: dict, finetuned: dict[str, dict[str, dict]], seeds: int,
+           curve: list[dict] | None = None) -> str:
   ev = pretrain_summary.get("final_eval") or {}
   lines = ["# Demo: pre-training, then fine-tuning", ""]
   minutes = (pretrain_summary.get("total_wall_s") or 0) / 60
@@ -96,6 +168,9 @@ def report(pretrain_summary: dict, finetuned: dict[str, dict[str, dict]], seeds:
         f"{ev['mlm_loss']:.3f} nats, {ev['unigram_loss'] - ev['mlm_loss']:.3f} below the "
         f"unigram baseline's {ev['unigram_loss']:.3f} (corpus unigram entropy "
         f"{pretrain_summary.get('unigram_entropy') or float('nan'):.3f}).", ""]
+  if curve:
+    lines += ["Held-out evaluation during pre-training (curve.png plots it):", "",
+              *curve_lines(curve), ""]
   for task, by_init in finetuned.items():
     metric = "test/accuracy"
     majority = _majority_rate(task)
@@ -121,6 +196,15 @@ def report(pretrain_summary: dict, finetuned: dict[str, dict[str, dict]], seeds:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if FLAGS.curve_of:
+    run = pathlib.Path(FLAGS.curve_of)
+    if not (run / "metrics.jsonl").exists():
+      raise app.UsageError(f"--curve_of={run}: no metrics.jsonl there; give a pre-training "
+                           "workdir (e.g. runs/demo/pretrain).")
+    curve = learning_curve(run)
+    plot_curve(curve, run / "curve.png", str(run))
+    print("\n".join(curve_lines(curve)) + f"\n{run / 'curve.png'}")
+    return
   from encoder_jax.train import loop  # pylint: disable=g-import-not-at-top
   t0 = time.time()
   workdir = pathlib.Path(FLAGS.workdir).resolve()
@@ -139,7 +223,9 @@ def main(argv):
     config = _finetune_config(task, init, pretrain_dir, FLAGS.seeds)
     finetuned.setdefault(task, {})[init] = _run_or_reuse(
         config, workdir / f"finetune_{task}_{init}")
-  text = report(summary, finetuned, FLAGS.seeds)
+  curve = learning_curve(pretrain_dir)
+  plot_curve(curve, workdir / "curve.png", f"demo recipe ({pretrain_dir})")
+  text = report(summary, finetuned, FLAGS.seeds, curve)
   (workdir / "results.md").write_text(text + "\n")
   (workdir / "results.json").write_text(json.dumps(
       {"pretrain": summary, "finetune": {t: {i: r["summary"] for i, r in d.items()}

@@ -13,24 +13,36 @@ fine-tuning jobs score the final checkpoint on the demo tasks (demo) or GLUE + S
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
-from experiments.grid import FinetuneJob, Grid, PointSpec, expand, resolve_config, \
+from experiments.grid import FinetuneJob, Grid, Point, PointSpec, expand, resolve_config, \
     steps_for_budget
 
 SCALES = ("demo", "base")
 
-# Downstream jobs. demo: the two demo tasks, run=small (2,000 training rows, 2 epochs, 1,000
-# dev/test rows). base: BERT's GLUE set + SQuAD v1.1 on full data, ELECTRA's many-seed medians.
-_DEMO_FT_SEEDS = 5
+# Downstream jobs. demo: the two demo tasks with the main job's fine-tuning (configs/finetune.py
+# run=demo: masked-mean pooling, lr 1e-3, 2 epochs over 2,000 rows, 1,000 dev/test rows).
+# base: BERT's GLUE set + SQuAD v1.1 on full data, ELECTRA's many-seed medians.
+_DEMO_FT_SEEDS = 3
+
+# Every demo grid starts from the demo recipe (configs/pretrain.py:runlocal: tiny pre-LN with 8
+# ALiBi heads, the demo 8k WordPiece vocab, rows of 128, batch 8, mask 0.2, lr 2e-3), which
+# leaves the unigram plateau within ~1M tokens on 2 CPU cores (the recipe before it did not in
+# 600 steps, so no finding could show). Each point evaluates on 32 held-out batches at its end.
+_DEMO_RUN = {"train.log_every": 100, "train.eval_steps": 32, "train.keep": 1}
+
+
+def _demo_points(steps: int) -> dict:
+  return {**_DEMO_RUN, "train.steps": steps, "train.eval_every": steps,
+          "train.checkpoint_every": steps}
 _BASE_TASKS = ("glue/mnli", "glue/qnli", "glue/qqp", "glue/sst2", "glue/cola", "glue/stsb",
                "glue/mrpc", "glue/rte", "squad/v1.1")
 
 
 def _demo_finetune(seeds: int = _DEMO_FT_SEEDS) -> tuple[FinetuneJob, ...]:
-  # rows of <= 64 tokens, batch 32, lr 3e-4 (a tiny encoder wants a bigger step than BERT's 5e-5)
-  return (FinetuneJob("rotten_tomatoes", seeds=seeds, run="small"),
-          FinetuneJob("brown_pos", seeds=seeds, run="small"))
+  return (FinetuneJob("rotten_tomatoes", seeds=seeds, run="demo"),
+          FinetuneJob("brown_pos", seeds=seeds, run="demo"))
 
 
 def _base_finetune(seeds: int = 5) -> tuple[FinetuneJob, ...]:
@@ -53,35 +65,38 @@ def electra_vs_mlm(scale: str = "demo", data_source: str = "") -> Grid:
   """MLM (BERT 80/10/10) vs ELECTRA RTD vs its ELECTRA-15% and Replace-MLM variants, each
   at the same training-FLOPs budget (generator + discriminator counted), no NSP."""
   if scale == "demo":
-    # A tiny encoder (2 x 128) on rows of 64 tokens, batch 16; the budget is 700 MLM steps.
-    # ELECTRA's generator is 1/4 of the discriminator's width (the repo default), lr 1e-3 for
-    # all (5e-4 is the repo's small-model value; a 700-step run needs the larger one), 10%
-    # warm-up, linear decay over each point's own step count.
-    base = {"data.max_length": 64, "data.batch_size": 16, "optim.learning_rate": 1e-3,
-            "train.log_every": 25, "train.eval_every": 0, "train.eval_steps": 8,
-            "train.checkpoint_every": 200, "train.keep": 1}
-    budget = steps_for_budget_ref("size=tiny,objective=mlm", base, steps=700)
-    size, finetune = "tiny", _demo_finetune()
+    # The demo recipe; the budget is 2,000 MLM steps (2M tokens, ~3 min on 2 cores). ELECTRA's
+    # generator is 1/4 of the discriminator's width (the repo default; its heads keep the
+    # discriminator's head width), each point decays linearly over its own step count.
+    # Two pre-training seeds for MLM and ELECTRA (the finding), one for the variants.
+    base = _demo_points(0)
+    budget = steps_for_budget_ref("size=tiny,objective=mlm,runlocal", base, steps=2000)
+    size, finetune, seeds = "tiny", _demo_finetune(), {"mlm": 2, "electra": 2}
   elif scale == "base":
     # ELECTRA-Base's compute (Table 1: 6.4e19 FLOPs, BERT-Base's), seq 512, batch 256.
     base = {"data.max_length": 512, "data.batch_size": 256, "optim.learning_rate": 2e-4,
             "train.log_every": 1000, "train.eval_every": 50_000, "train.checkpoint_every": 10_000,
             **_base_data(data_source)}
-    budget, size, finetune = 6.4e19, "base", _base_finetune()
+    budget, size, finetune, seeds = 6.4e19, "base", _base_finetune(), {}
   else:
     raise ValueError(f"scale={scale!r}; choose from {SCALES}")
+  objectives = ["mlm", "electra", "electra_15", "replace_mlm", "all_tokens_mlm"]
 
   def point(v):
-    arg = f"size={size},objective={v['objective']}"
+    if v["seed"] >= seeds.get(v["objective"], 1):
+      return None
+    arg = f"size={size},objective={v['objective']}" + (",runlocal" if scale == "demo" else "")
     steps = steps_for_budget(resolve_config(arg, base), budget)
-    warmup = max(1, steps // 10) if scale == "demo" else 10_000
-    return PointSpec(arg, {**base, "train.steps": steps, "train.flops_budget": budget,
-                           "optim.warmup_steps": warmup,
-                           "train.eval_every": base.get("train.eval_every") or steps},
-                     finetune)
+    over = {**base, "train.steps": steps, "train.flops_budget": budget}
+    if scale == "demo":
+      over |= {"train.eval_every": steps, "train.checkpoint_every": steps, "seed": v["seed"]}
+    else:
+      over |= {"optim.warmup_steps": 10_000}
+    return PointSpec(arg, over, finetune)
 
-  return Grid("electra_vs_mlm", "ELECTRA vs MLM at equal FLOPs", expand(
-      {"objective": ["mlm", "electra", "electra_15", "replace_mlm"]}, point),
+  axes = {"objective": objectives, "seed": [0, 1] if scale == "demo" else [0]}
+  return Grid("electra_vs_mlm", "ELECTRA vs MLM at equal FLOPs", _drop_single_seed(
+      expand(axes, point)),
       anchor=ELECTRA_ANCHOR, curve_keys=("mlm_loss", "main_loss", "gen_loss"))
 
 
@@ -111,26 +126,25 @@ def nsp_formats(scale: str = "demo", data_source: str = "") -> Grid:
   """RoBERTa's four input formats at equal tokens per step (SENTENCE-PAIR gets a bigger batch
   because its rows are shorter, as in RoBERTa) and equal steps, MLM (+ NSP where it applies)."""
   if scale == "demo":
-    # tiny, rows of 128 tokens, batch 8 (SENTENCE-PAIR rows are half full: batch 16), 700
-    # steps, lr 1e-3 with 10% warm-up; 3 fine-tuning seeds per task.
-    base = {"data.max_length": 128, "data.batch_size": 8, "optim.learning_rate": 1e-3,
-            "optim.warmup_steps": 70, "train.steps": 700, "train.log_every": 25,
-            "train.eval_every": 700, "train.eval_steps": 8, "train.checkpoint_every": 200,
-            "train.keep": 1}
-    size, finetune = "tiny", _demo_finetune(seeds=3)
+    # The demo recipe (rows of 128, batch 8; SENTENCE-PAIR rows are half full: batch 16),
+    # 1,500 steps (1.5M tokens) per point, two pre-training seeds each, 3 fine-tuning seeds.
+    base = {**_demo_points(1500), "data.max_length": 128, "data.batch_size": 8}
+    size, finetune, nseeds = "tiny", _demo_finetune(), 2
   elif scale == "base":
     # RoBERTa's Table 2 setting: BERT-base, seq 512, batch 256, 1M steps, lr 1e-4.
     base = {"data.max_length": 512, "data.batch_size": 256, "optim.learning_rate": 1e-4,
             "optim.warmup_steps": 10_000, "train.steps": 1_000_000, "train.log_every": 1000,
             "train.eval_every": 50_000, "train.checkpoint_every": 10_000,
             **_base_data(data_source)}
-    size, finetune = "base", _base_finetune()
+    size, finetune, nseeds = "base", _base_finetune(), 1
   else:
     raise ValueError(f"scale={scale!r}; choose from {SCALES}")
 
   def point(v):
     fmt, task = _FORMATS[v["format"]]
     over = dict(base)
+    if scale == "demo":
+      over["seed"] = v["seed"]
     if fmt == "sentence_pair":
       # Two natural sentences average ~63 WordPiece tokens on the demo corpus (~30 per
       # sentence; Wikipedia is similar): scale the batch so the real tokens per step match,
@@ -138,10 +152,11 @@ def nsp_formats(scale: str = "demo", data_source: str = "") -> Grid:
       # RoBERTa's 512-token limit cost it nothing).
       over["data.batch_size"] = base["data.batch_size"] * max(1, base["data.max_length"] // 64)
       over["data.max_length"] = min(128, base["data.max_length"])
-    return PointSpec(f"size={size},objective=mlm,nsp={task},format={fmt}", over, finetune)
+    arg = f"size={size},objective=mlm,nsp={task},format={fmt}"
+    return PointSpec(arg + (",runlocal" if scale == "demo" else ""), over, finetune)
 
-  return Grid("nsp_formats", "NSP and input formats at equal tokens", expand(
-      {"format": list(_FORMATS)}, point), anchor=NSP_ANCHOR, curve_keys=("mlm_loss",))
+  return Grid("nsp_formats", "NSP and input formats at equal tokens", _drop_single_seed(expand(
+      {"format": list(_FORMATS), "seed": list(range(nseeds))}, point)), anchor=NSP_ANCHOR, curve_keys=("mlm_loss",))
 
 
 # ------------------------------------------------------------------ (c) post-LN vs pre-LN
@@ -156,45 +171,105 @@ NORM_ANCHOR = (
 def norm_lr_warmup(scale: str = "demo", data_source: str = "") -> Grid:
   """post-LN vs pre-LN over learning rate x warm-up (0 or 10% of the steps), 6 layers."""
   if scale == "demo":
-    # 6 layers of the tiny width (d 128, 2 heads, FFN 512), rows of 64 tokens, batch 16: the
-    # depth where ANCHORS.md saw post-LN stall without warm-up. The first 480 steps of a
-    # 2,000-step linear schedule (optim.total_steps), as in that scratch run, so the lr stays
-    # near its peak over the window where models leave the unigram plateau.
-    # lr 1e-4 is left out here: 480 steps at 1e-4 leave no model off the unigram plateau, so
-    # it would cost 4 of the ~30 CPU minutes and show nothing (the base grid keeps it).
-    base = {"model.num_layers": 6, "data.max_length": 64, "data.batch_size": 16,
-            "train.steps": 480, "optim.total_steps": 2000, "train.log_every": 20,
-            "train.eval_every": 480,
-            "train.eval_steps": 8, "train.checkpoint_every": 160, "train.keep": 1}
-    # warm-up "10pct" = 10% of the 2,000-step schedule (200 steps; ANCHORS.md: 60 did not help)
-    size, lrs, warmups = "tiny", [3e-4, 1e-3], {"0": 0, "10pct": 200}
+    # 8 layers of the demo recipe's width (d 128, 8 ALiBi heads, FFN 512): Xiong et al.'s
+    # bound on post-LN's gradients near the output grows with depth, so 2-4 layers cannot
+    # show the effect. The first 500 steps of a 2,000-step linear schedule
+    # (optim.total_steps), where a post-LN model without warm-up diverges or stalls; lr 1e-3
+    # and 3e-3 (the demo recipe trains pre-LN at 2e-3). Two pre-training seeds without
+    # warm-up (the finding), one with; 3 fine-tuning seeds on both demo tasks.
+    base = {**_demo_points(500), "model.num_layers": 8, "optim.total_steps": 2000}
+    # warm-up "10pct" = 10% of the 2,000-step schedule (200 steps)
+    size, lrs, warmups, seeds = "tiny", [1e-3, 3e-3], {"0": 0, "10pct": 200}, {"0": 2}
   elif scale == "base":
     base = {"data.max_length": 128, "data.batch_size": 256, "train.steps": 300_000,
             "train.log_every": 1000, "train.eval_every": 20_000,
             "train.checkpoint_every": 10_000, **_base_data(data_source)}
-    size, lrs, warmups = "base", [1e-4, 3e-4, 1e-3], {"0": 0, "10pct": 30_000}
+    size, lrs, warmups, seeds = "base", [1e-4, 3e-4, 1e-3], {"0": 0, "10pct": 30_000}, {}
   else:
     raise ValueError(f"scale={scale!r}; choose from {SCALES}")
   finetune = ((FinetuneJob("glue/mrpc", seeds=5, run="full"),  # Xiong et al.'s two tasks
-               FinetuneJob("glue/rte", seeds=5, run="full")) if scale == "base" else ())
+               FinetuneJob("glue/rte", seeds=5, run="full")) if scale == "base"
+              else _demo_finetune())
 
   def point(v):
-    return PointSpec(f"size={size},objective=mlm,norm={v['norm']}",
-                     {**base, "optim.learning_rate": v["lr"],
-                      "optim.warmup_steps": warmups[v["warmup"]]}, finetune)
+    if v["seed"] >= seeds.get(v["warmup"], 1):
+      return None
+    over = {**base, "optim.learning_rate": v["lr"], "optim.warmup_steps": warmups[v["warmup"]]}
+    arg = f"size={size},objective=mlm,norm={v['norm']}"
+    if scale == "demo":
+      arg, over["seed"] = arg + ",runlocal", v["seed"]
+    return PointSpec(arg, over, finetune)
 
-  return Grid("norm_lr_warmup", "post-LN vs pre-LN: learning rate x warm-up", expand(
-      {"lr": lrs, "warmup": list(warmups), "norm": ["post", "pre"]}, point),
-      anchor=NORM_ANCHOR, curve_keys=("mlm_loss",), facet=("lr", "warmup"),
-      # demo: the unigram plateau sits at 6.65-7.0 nats (rows of 128 / 64 tokens); a model
-      # that has not left it by the end is "stalled"
-      stall_loss=6.6 if scale == "demo" else None)
+  return Grid("norm_lr_warmup", "post-LN vs pre-LN: learning rate x warm-up", _drop_single_seed(
+      expand({"lr": lrs, "warmup": list(warmups), "norm": ["post", "pre"],
+              "seed": [0, 1] if scale == "demo" else [0]}, point)),
+      anchor=NORM_ANCHOR, curve_keys=("mlm_loss",), facet=("lr", "warmup"))
+
+
+# ------------------------------------------------------------------ (d) static vs dynamic masking
+
+MASKING_ANCHOR = (
+    "RoBERTa (arXiv 1907.11692) Table 1, BERT-base, SQuAD 2.0 F1 / MNLI-m / SST-2: static "
+    "masking (BERT's data duplicated 10 times with different masks over 40 epochs, each mask "
+    "seen 4 times) 78.3 / 84.3 / 92.5, dynamic masking (a new mask every time) 78.7 / 84.0 / "
+    "92.9: comparable or slightly better, and needed for longer training on more data.")
+
+
+def static_vs_dynamic(scale: str = "demo", data_source: str = "") -> Grid:
+  """RoBERTa's static (masks fixed per example, `dupe_factor` copies) vs dynamic masking, over
+  enough epochs that static masks repeat."""
+  if scale == "demo":
+    # The demo recipe on Moby-Dick alone (~0.3M tokens of the demo vocab), 2,400 steps (2.5M
+    # tokens, ~8 epochs): static with dupe_factor 2 sees each mask 4 times (BERT's 40 epochs /
+    # 10 copies), dupe_factor 1 each mask 8 times; dynamic a new one every time. Two
+    # pre-training seeds per arm; the held-out split is Moby-Dick's own validation chapters.
+    base = {**_demo_points(2400), "data.source": "demo:moby_dick"}
+    size, finetune, nseeds = "tiny", _demo_finetune(), 2
+  elif scale == "base":
+    # RoBERTa's Table 1 setting: BERT-base, seq 512, batch 256, 1M steps (40 epochs of
+    # BookCorpus + Wikipedia), dupe_factor 10.
+    base = {"data.max_length": 512, "data.batch_size": 256, "optim.learning_rate": 1e-4,
+            "optim.warmup_steps": 10_000, "train.steps": 1_000_000, "train.log_every": 1000,
+            "train.eval_every": 50_000, "train.checkpoint_every": 10_000,
+            **_base_data(data_source)}
+    size, finetune, nseeds = "base", _base_finetune(), 1
+  else:
+    raise ValueError(f"scale={scale!r}; choose from {SCALES}")
+  arms = {"dynamic": ("dynamic", 1), "static_x2": ("static", 2), "static_x1": ("static", 1)}
+  if scale == "base":
+    arms = {"dynamic": ("dynamic", 1), "static_x10": ("static", 10)}
+
+  def point(v):
+    masking, dupe = arms[v["masking"]]
+    over = {**base, "objective.masking": masking, "objective.dupe_factor": dupe}
+    arg = f"size={size},objective=mlm"
+    if scale == "demo":
+      arg, over["seed"] = arg + ",runlocal", v["seed"]
+    return PointSpec(arg, over, finetune)
+
+  return Grid("static_vs_dynamic", "static vs dynamic masking", _drop_single_seed(expand(
+      {"masking": list(arms), "seed": list(range(nseeds))}, point)),
+      anchor=MASKING_ANCHOR, curve_keys=("mlm_loss",))
+
+
+def _drop_single_seed(points: tuple[Point, ...]) -> tuple[Point, ...]:
+  """Without a second pre-training seed the seed label is noise in every name: drop it (the
+  base grids keep their historical point names)."""
+  if any(p.labels.get("seed", "0") != "0" for p in points):
+    return points
+  out = []
+  for p in points:
+    labels = {k: v for k, v in p.labels.items() if k != "seed"}
+    out.append(dataclasses.replace(
+        p, labels=labels, name=",".join(f"{k}={v}" for k, v in labels.items()) or "default"))
+  return tuple(out)
 
 
 GRIDS: dict[str, Callable[..., Grid]] = {
     "electra_vs_mlm": electra_vs_mlm,
     "nsp_formats": nsp_formats,
     "norm_lr_warmup": norm_lr_warmup,
+    "static_vs_dynamic": static_vs_dynamic,
 }
 
 

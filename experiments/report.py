@@ -27,6 +27,10 @@ from experiments.grid import Grid, Point
 # The first present per task: accuracy where the task has it (the demo tasks; sentiment's
 # "score" is the mean of accuracy and F1), else the task's main score (CoLA's MCC, STS-B's
 # Pearson/Spearman mean, SQuAD's F1/EM mean), on test, else on dev (GLUE's test has no labels).
+# A point whose held-out loss at [MASK] inputs ends less than this many nats below the unigram
+# baseline on the same positions never learned context: "stalled" (encoder_jax.train.step).
+STALL_GAP = 0.1
+
 SCORE_KEYS = ("test/accuracy", "test/score", "validation/accuracy", "validation/score",
               "validation_matched/accuracy", "validation_matched/score")
 
@@ -98,8 +102,14 @@ def collect(grid: Grid, workdir, points: Sequence[Point] | None = None) -> list[
               "disc_precision", "disc_recall", "nsp_accuracy"):
       if k in final_eval:
         row[f"eval_{k}"] = final_eval[k]
-    if (grid.stall_loss is not None and row["status"] == "done"
-        and not row["final_eval_curve"] < grid.stall_loss):
+    pred = next((k for k in ("mlm", "gen") if f"{k}_at_mask_loss" in final_eval), None)
+    if pred and "unigram_at_mask_loss" in final_eval:
+      row["eval_at_mask_accuracy"] = final_eval[f"{pred}_at_mask_accuracy"]
+      row["unigram_at_mask_accuracy"] = final_eval["unigram_at_mask_accuracy"]
+      row["gap_at_mask"] = final_eval["unigram_at_mask_loss"] - final_eval[f"{pred}_at_mask_loss"]
+    if row["status"] == "done" and (
+        (grid.stall_loss is not None and not row["final_eval_curve"] < grid.stall_loss)
+        or row.get("gap_at_mask", math.inf) < STALL_GAP):
       row["status"] = "stalled"
     row["wall_s"] = summary.get("total_wall_s", math.nan)
     for job in point.finetune:
@@ -111,6 +121,7 @@ def collect(grid: Grid, workdir, points: Sequence[Point] | None = None) -> list[
       row[f"{name}_max"] = max(vals) if vals else math.nan
       row[f"{name}_seeds"] = len(vals)
       row[f"{name}_metric"] = skey
+      row[f"_{name}_scores"] = vals  # for the table over pre-training seeds (not in the CSV)
     out.append(row)
   return out
 
@@ -118,7 +129,7 @@ def collect(grid: Grid, workdir, points: Sequence[Point] | None = None) -> list[
 def write_csv(rows: list[dict], path: pathlib.Path) -> None:
   keys: list[str] = []
   for r in rows:
-    keys += [k for k in r if k not in keys]
+    keys += [k for k in r if k not in keys and not k.startswith("_")]
   with open(path, "w", newline="") as f:
     w = csv.DictWriter(f, fieldnames=keys)
     w.writeheader()
@@ -142,8 +153,9 @@ def markdown(grid: Grid, rows: list[dict]) -> str:
   head = axes + ["status", "steps", "train FLOPs", "final train loss", "final eval loss"]
   extra = [k for k in ("eval_mlm_accuracy", "eval_gen_accuracy", "eval_main_accuracy",
                        "eval_disc_accuracy", "eval_disc_precision", "eval_disc_recall",
-                       "eval_nsp_accuracy") if any(k in r for r in rows)]
-  head += [k.replace("eval_", "eval ").replace("_", " ") for k in extra]
+                       "eval_nsp_accuracy", "eval_at_mask_accuracy", "unigram_at_mask_accuracy",
+                       "gap_at_mask") if any(k in r for r in rows)]
+  head += [_COLUMN.get(k, k.replace("eval_", "eval ").replace("_", " ")) for k in extra]
   for t in tasks:
     metric = next((r[f"{t}_metric"] for r in rows if r.get(f"{t}_metric")), "score")
     head.append(f"{t} {metric} (median [min, max], n)")
@@ -159,11 +171,52 @@ def markdown(grid: Grid, rows: list[dict]) -> str:
                    if n else "–")
     lines.append("| " + " | ".join(map(str, cells)) + " |")
   keys = sorted({r["curve_key"] for r in rows if r["curve_key"]})
+  if "seed" in axes:
+    lines += ["", *seed_table(grid, rows, tasks)]
+  lines += ["", f"At [MASK]: held-out scores at the targets whose input was [MASK] (the MLM "
+            "head, or ELECTRA's generator), against the unigram baseline on the same positions; "
+            f"a point less than {STALL_GAP} nats below it never left the plateau (\"stalled\")."]
   lines += ["", f"Loss columns: {', '.join(keys) or '–'} (the curve each point logs: mlm_loss "
             "for MLM, the discriminator's main_loss for Replace-MLM, the generator's gen_loss "
             "for ELECTRA; RTD losses are not on the MLM scale). Downstream: median over "
             "fine-tuning seeds, [min, max] over seeds, n seeds."]
   return "\n".join(lines)
+
+
+_COLUMN = {"eval_at_mask_accuracy": "eval acc at [MASK]",
+           "unigram_at_mask_accuracy": "unigram acc at [MASK]",
+           "gap_at_mask": "nats below unigram at [MASK]"}
+
+
+def _spread(vals: list[float]) -> str:
+  vals = [v for v in vals if not math.isnan(v)]
+  if not vals:
+    return "–"
+  return f"{statistics.median(vals):.4f} [{min(vals):.4f}, {max(vals):.4f}]"
+
+
+def seed_table(grid: Grid, rows: list[dict], tasks: list[str]) -> list[str]:
+  """One line per arm over its pre-training seeds: median [min, max] of the held-out scores
+  across seeds, and per task the fine-tuning scores of all its seeds pooled (median [min, max],
+  n = pre-training seeds x fine-tuning seeds): the spread a finding must clear."""
+  axes = [a for a in grid.points[0].labels if a != "seed"]
+  arms: dict[tuple, list[dict]] = {}
+  for r in rows:
+    arms.setdefault(tuple(r[a] for a in axes), []).append(r)
+  head = axes + ["pre-training seeds", "eval acc at [MASK]", "nats below unigram at [MASK]"]
+  head += [f"{t} (all seeds pooled: median [min, max], n)" for t in tasks]
+  lines = [f"#### Over pre-training seeds", "", "| " + " | ".join(head) + " |",
+           "|" + "---|" * len(head)]
+  for key, group in arms.items():
+    cells = list(key) + [
+        f"{len(group)} ({', '.join(str(r['status']) for r in group)})",
+        _spread([r.get("eval_at_mask_accuracy", math.nan) for r in group]),
+        _spread([r.get("gap_at_mask", math.nan) for r in group])]
+    for t in tasks:
+      pooled = [v for r in group for v in r.get(f"_{t}_scores", [])]
+      cells.append(f"{_spread(pooled)}, {len(pooled)}" if pooled else "–")
+    lines.append("| " + " | ".join(map(str, cells)) + " |")
+  return lines
 
 
 def plot_loss(grid: Grid, workdir, path: pathlib.Path, points=None) -> None:

@@ -51,8 +51,8 @@ def test_bad_grids_are_refused():
 @pytest.mark.parametrize("scale", grids.SCALES)
 def test_electra_grid_is_at_equal_flops(scale):
   g = grids.electra_vs_mlm(scale)
-  assert [p.labels["objective"] for p in g.points] == ["mlm", "electra", "electra_15",
-                                                      "replace_mlm"]
+  objectives = ["mlm", "electra", "electra_15", "replace_mlm", "all_tokens_mlm"]
+  assert list(dict.fromkeys(p.labels["objective"] for p in g.points)) == objectives
   budget = g.points[0].config().train.flops_budget
   for p in g.points:
     assert p.config().train.flops_budget == budget
@@ -61,10 +61,31 @@ def test_electra_grid_is_at_equal_flops(scale):
     assert p.flops_per_step == flops_per_step(p.config())
   # ELECTRA's generator (1/4 width) and RTD head cost differ from MLM's: steps differ
   assert len({p.steps for p in g.points}) > 1
+  if scale == "demo":  # two pre-training seeds for the finding's arms, the demo recipe
+    seeds = {o: sorted(int(p.labels["seed"]) for p in g.points if p.labels["objective"] == o)
+             for o in objectives}
+    assert seeds["mlm"] == seeds["electra"] == [0, 1] and seeds["replace_mlm"] == [0]
+    cfg = g.select("objective=electra,seed=1")[0].config()
+    assert cfg.seed == 1 and cfg.model.position_bias == "alibi" and cfg.data.vocab == "demo"
+  else:
+    assert "seed" not in g.points[0].labels and g.points[0].name == "objective=mlm"
+
+
+def test_grid_flops_count_the_configs_vocab(tmp_path):
+  """The demo grids use the 8,192-token demo vocab: a counter that assumed BERT's 30,522 would
+  give them ~3x the decoder FLOPs and the wrong equal-compute step counts."""
+  from experiments.grid import resolve_config, vocab_size_of
+  cfg = resolve_config("size=tiny,runlocal", {})
+  assert vocab_size_of("demo") == 8192 and vocab_size_of("demo:4096") == 4096
+  assert vocab_size_of("minilm") == 30522
+  (tmp_path / "vocab.txt").write_text("".join(f"t{i}\n" for i in range(300)))
+  assert vocab_size_of(str(tmp_path / "vocab.txt")) == 300
+  assert flops_per_step(cfg) == flops_per_step(cfg, 8192) < flops_per_step(cfg, 30522)
 
 
 def test_nsp_grid_formats_and_equal_tokens():
   g = grids.nsp_formats("demo")
+  assert len(g.points) == 4 * 2  # four formats x two pre-training seeds
   cfgs = {p.labels["format"]: p.config() for p in g.points}
   assert cfgs["segment_pair+nsp"].objective.sentence_task == "nsp"
   assert cfgs["full_sentences"].objective.sentence_task == "none"
@@ -74,14 +95,31 @@ def test_nsp_grid_formats_and_equal_tokens():
   assert len({c.train.steps for c in cfgs.values()}) == 1
 
 
-def test_norm_grid_is_lr_x_warmup_x_norm_at_six_layers():
+def test_norm_grid_is_lr_x_warmup_x_norm_at_eight_layers():
   g = grids.norm_lr_warmup("demo")
-  assert len(g.points) == 2 * 2 * 2
-  cfg = g.select("lr=0.001,warmup=0,norm=post")[0].config()
-  assert cfg.model.num_layers == 6 and not cfg.model.norm_first
+  # lr x warm-up x norm, two pre-training seeds without warm-up, one with
+  assert len(g.points) == 2 * 2 * 2 + 2 * 2
+  cfg = g.select("lr=0.001,warmup=0,norm=post,seed=1")[0].config()
+  assert cfg.model.num_layers == 8 and not cfg.model.norm_first and cfg.seed == 1
   assert cfg.optim.warmup_steps == 0 and cfg.optim.learning_rate == 1e-3
-  pre = g.select(r"lr=0.0003,warmup=10pct,norm=pre")[0].config()
+  pre = g.select(r"lr=0.003,warmup=10pct,norm=pre")[0].config()
   assert pre.model.norm_first and pre.optim.warmup_steps == pre.optim.total_steps // 10
+  assert not [p for p in g.points if "10pct" in p.name and "seed=1" in p.name]
+  assert all(f.task in ("rotten_tomatoes", "brown_pos") and f.seeds >= 3
+             for p in g.points for f in p.finetune)
+
+
+def test_static_vs_dynamic_grid_repeats_static_masks():
+  g = grids.static_vs_dynamic("demo")
+  arms = {(p.labels["masking"], p.labels["seed"]): p.config() for p in g.points}
+  assert set(arms) == {(m, s) for m in ("dynamic", "static_x2", "static_x1") for s in "01"}
+  assert arms["dynamic", "0"].objective.masking == "dynamic"
+  st = arms["static_x2", "1"]
+  assert st.objective.masking == "static" and st.objective.dupe_factor == 2 and st.seed == 1
+  assert st.data.source == "demo:moby_dick"
+  base = grids.static_vs_dynamic("base")
+  assert [p.name for p in base.points] == ["masking=dynamic", "masking=static_x10"]
+  assert base.points[1].config().objective.dupe_factor == 10
 
 
 # ------------------------------------------------------------------ runner: resume and skip
@@ -199,12 +237,12 @@ def test_launch_lines_for_pod_and_slurm():
   g = grids.electra_vs_mlm("base", "files:gs://b/wiki/*.txt")
   pod = runner.launch_commands(g, "runs/x", "tpu_pod")
   pre = [l for l in pod if "launch/tpu_pod.sh train" in l]
-  assert len(pre) == 4 and all("data.source=files:gs://b/wiki/*.txt" in l for l in pre)
+  assert len(pre) == 5 and all("data.source=files:gs://b/wiki/*.txt" in l for l in pre)
   assert any("init=ckpt:$BUCKET/runs/electra_vs_mlm.objective=electra/checkpoints" in l
              for l in pod)
   slurm = runner.launch_commands(g, "runs/x", "slurm")
-  assert sum("sbatch --parsable" in l for l in slurm) == 4
-  assert sum("--dependency=afterok:$jid" in l for l in slurm) == 4 * 9
+  assert sum("sbatch --parsable" in l for l in slurm) == 5  # one per objective
+  assert sum("--dependency=afterok:$jid" in l for l in slurm) == 5 * 9
   with pytest.raises(ValueError, match="launcher"):
     runner.launch_commands(g, "runs/x", "k8s")
 
@@ -231,6 +269,26 @@ def test_report_aggregates_fabricated_runs(tmp_path):
   assert "| mlm | done | 8 |" in md and "0.6500 [0.6000, 0.7000], 2" in md
   for key in ("loss_png", "downstream_png"):
     assert files[key].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_marks_points_at_the_unigram_baseline_and_pools_pretraining_seeds(tmp_path):
+  grid = Grid("g", "seeds", expand(
+      {"objective": ["mlm"], "seed": [0, 1]},
+      lambda v: PointSpec("size=tiny,objective=mlm", {"train.steps": 8, "seed": v["seed"]},
+                          (FinetuneJob("rotten_tomatoes", seeds=2),))))
+  runner.run_grid(grid, tmp_path, execute=FakeExecutor(), echo=lambda s: None)
+  for point, gap in (("objective=mlm,seed=0", 0.5), ("objective=mlm,seed=1", 0.05)):
+    path = tmp_path / point / "pretrain" / "summary.json"
+    summary = json.loads(path.read_text())
+    summary["final_eval"] |= dict(mlm_at_mask_loss=6.0, mlm_at_mask_accuracy=0.2,
+                                  unigram_at_mask_loss=6.0 + gap, unigram_at_mask_accuracy=0.05)
+    path.write_text(json.dumps(summary))
+  rows = report.collect(grid, tmp_path)
+  assert [r["status"] for r in rows] == ["done", "stalled"]  # 0.05 nats: never left it
+  assert rows[0]["gap_at_mask"] == pytest.approx(0.5)
+  md = report.markdown(grid, rows)
+  # both pre-training seeds' fine-tuning scores (0.6, 0.7 each) pooled: n = 4
+  assert "| mlm | 2 (done, stalled) |" in md and "0.6500 [0.6000, 0.7000], 4" in md
 
 
 def test_stall_threshold_marks_runs_that_never_left_the_plateau(tmp_path):
