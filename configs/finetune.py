@@ -32,6 +32,8 @@ Arguments after ':' (comma-separated key=value):
          examples, 1 epoch: a smoke test)
 Any leaf can be overridden: --config.epochs=2 --config.max_length=64.
 """
+import re
+
 import ml_collections
 
 # Per-task defaults that differ from the shared ones below (BERT paper, appendix A.3: batch
@@ -45,10 +47,14 @@ _TASK_DEFAULTS = {
 
 
 def parse_arg(arg, **defaults):
+  """'task=brown_pos,init=ckpt:<dir>' -> dict over defaults. A comma starts a new pair only
+  before a known key, so a checkpoint path may hold commas (grid point folders such as
+  `objective=mlm,seed=0` do)."""
   out = dict(defaults)
-  for part in filter(None, (arg or "").split(",")):
+  keys = "|".join(map(re.escape, defaults))
+  for part in filter(None, re.split(rf",(?=(?:{keys})=)", arg or "")):
     key, sep, value = part.partition("=")
-    if not sep or key not in defaults:
+    if not sep or key not in defaults or ("," in value and key != "init"):
       raise ValueError(f"Bad config argument {part!r}: use key=value with key in "
                        f"{sorted(defaults)}.")
     out[key] = value

@@ -26,19 +26,25 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file(
-    "config", str(pathlib.Path(__file__).resolve().parents[1] / "configs" / "pretrain.py")
-    + ":runlocal", "Pre-training config (default: the demo recipe, configs/pretrain.py:runlocal)"
-    "; override any leaf with --config.a.b=value.", lock_config=True)
-flags.DEFINE_string("workdir", "runs/demo", "Where the pre-training run, the fine-tuning runs and "
-                    "results.md go; re-running resumes / reuses what is there.")
-flags.DEFINE_integer("seeds", 3, "Fine-tuning seeds per task and backbone.")
-flags.DEFINE_list("tasks", ["rotten_tomatoes", "brown_pos"], "Demo tasks to fine-tune on.")
-flags.DEFINE_string("curve_of", "", "Only plot and tabulate the held-out accuracy curve of an "
-                    "existing pre-training workdir (against tokens and minutes) into "
-                    "<it>/curve.png and print it; nothing is trained.")
-flags.DEFINE_list("inits", ["pretrained", "random", "minilm"], "Backbones: pretrained (this "
-                  "run's checkpoint), random (same shape and vocab), minilm (all-MiniLM-L6-v2).")
+
+
+def _define_flags() -> None:
+  """The CLI's flags, defined only when this module runs as the main job (importing it for
+  its report functions must not clash with other modules' flags of the same name)."""
+  config_flags.DEFINE_config_file(
+      "config", str(pathlib.Path(__file__).resolve().parents[1] / "configs" / "pretrain.py")
+      + ":runlocal", "Pre-training config (default: the demo recipe, configs/pretrain.py:runlocal)"
+      "; override any leaf with --config.a.b=value.", lock_config=True)
+  flags.DEFINE_string("workdir", "runs/demo", "Where the pre-training run, the fine-tuning runs "
+                      "and results.md go; re-running resumes / reuses what is there.")
+  flags.DEFINE_integer("seeds", 3, "Fine-tuning seeds per task and backbone.")
+  flags.DEFINE_list("tasks", ["rotten_tomatoes", "brown_pos"], "Demo tasks to fine-tune on.")
+  flags.DEFINE_string("curve_of", "", "Only plot and tabulate the held-out accuracy curve of an "
+                      "existing pre-training workdir (against tokens and minutes) into "
+                      "<it>/curve.png and print it; nothing is trained.")
+  flags.DEFINE_list("inits", ["pretrained", "random", "minilm"], "Backbones: pretrained (this "
+                    "run's checkpoint), random (same shape and vocab), minilm (all-MiniLM-L6-v2).")
+
 
 INIT_LABELS = {"pretrained": "this run's checkpoint", "random": "random init, same shape",
                "minilm": "all-MiniLM-L6-v2"}
@@ -236,5 +242,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  _define_flags()
   logging.set_verbosity(logging.WARNING)
   app.run(main)

@@ -4,7 +4,7 @@ Each grid exists at two scales:
   demo  what this repo's CPU reproductions ran (experiments/results/<grid>/): a tiny encoder on
         the demo corpus, minutes per point on 2 CPU cores.
   base  the same comparison at BERT-base scale for a TPU pod or GPU cluster: the published
-        recipe's batch, length and steps (../ANCHORS in the README), FLOPs from the counter,
+        recipe's batch, length and steps (BERT, RoBERTa and ELECTRA papers), FLOPs from the counter,
         an estimated time on a v4-32 (`python -m experiments.run --grid=... --scale=base
         --action=plan`).
 
@@ -51,6 +51,14 @@ def _base_finetune(seeds: int = 5) -> tuple[FinetuneJob, ...]:
 
 def _base_data(source: str) -> dict:
   return {"data.source": source} if source else {}
+
+
+def _roberta_base(source: str) -> dict:
+  """RoBERTa's BERT-base ablation setting (its Tables 1 and 2): seq 512, batch 256, 1M steps,
+  lr 1e-4 with 10k warm-up steps."""
+  return {"data.max_length": 512, "data.batch_size": 256, "optim.learning_rate": 1e-4,
+          "optim.warmup_steps": 10_000, "train.steps": 1_000_000, "train.log_every": 1000,
+          "train.eval_every": 50_000, "train.checkpoint_every": 10_000, **_base_data(source)}
 
 
 # ------------------------------------------------------------------ (a) ELECTRA vs MLM
@@ -132,10 +140,7 @@ def nsp_formats(scale: str = "demo", data_source: str = "") -> Grid:
     size, finetune, nseeds = "tiny", _demo_finetune(), 2
   elif scale == "base":
     # RoBERTa's Table 2 setting: BERT-base, seq 512, batch 256, 1M steps, lr 1e-4.
-    base = {"data.max_length": 512, "data.batch_size": 256, "optim.learning_rate": 1e-4,
-            "optim.warmup_steps": 10_000, "train.steps": 1_000_000, "train.log_every": 1000,
-            "train.eval_every": 50_000, "train.checkpoint_every": 10_000,
-            **_base_data(data_source)}
+    base = _roberta_base(data_source)
     size, finetune, nseeds = "base", _base_finetune(), 1
   else:
     raise ValueError(f"scale={scale!r}; choose from {SCALES}")
@@ -155,8 +160,8 @@ def nsp_formats(scale: str = "demo", data_source: str = "") -> Grid:
     arg = f"size={size},objective=mlm,nsp={task},format={fmt}"
     return PointSpec(arg + (",runlocal" if scale == "demo" else ""), over, finetune)
 
-  return Grid("nsp_formats", "NSP and input formats at equal tokens", _drop_single_seed(expand(
-      {"format": list(_FORMATS), "seed": list(range(nseeds))}, point)), anchor=NSP_ANCHOR, curve_keys=("mlm_loss",))
+  points = expand({"format": list(_FORMATS), "seed": list(range(nseeds))}, point)
+  return Grid("nsp_formats", "NSP and input formats at equal tokens", _drop_single_seed(points), anchor=NSP_ANCHOR, curve_keys=("mlm_loss",))
 
 
 # ------------------------------------------------------------------ (c) post-LN vs pre-LN
@@ -164,12 +169,13 @@ def nsp_formats(scale: str = "demo", data_source: str = "") -> Grid:
 NORM_ANCHOR = (
     "Xiong et al. (arXiv 2002.04745): BERT-base post-LN needed a long warm-up at lr 1e-4 and "
     "diverged at 3e-4; pre-LN trained with no warm-up at 3e-4 and reached the same validation "
-    "loss ~40% sooner. At demo scale (ANCHORS.md scratch run) the failure is a stall on the "
-    "unigram plateau (~6.65 nats), not a NaN.")
+    "loss ~40% sooner. Its Figure 3 and Lemma 1: post-LN's gradient at the last layers grows "
+    "with depth, so the effect needs a deep model.")
 
 
 def norm_lr_warmup(scale: str = "demo", data_source: str = "") -> Grid:
-  """post-LN vs pre-LN over learning rate x warm-up (0 or 10% of the steps), 6 layers."""
+  """post-LN vs pre-LN over learning rate x warm-up (0 or 10% of the schedule), 8 layers at demo
+  scale, BERT-base's 12 at base scale."""
   if scale == "demo":
     # 8 layers of the demo recipe's width (d 128, 8 ALiBi heads, FFN 512): Xiong et al.'s
     # bound on post-LN's gradients near the output grows with depth, so 2-4 layers cannot
@@ -228,10 +234,7 @@ def static_vs_dynamic(scale: str = "demo", data_source: str = "") -> Grid:
   elif scale == "base":
     # RoBERTa's Table 1 setting: BERT-base, seq 512, batch 256, 1M steps (40 epochs of
     # BookCorpus + Wikipedia), dupe_factor 10.
-    base = {"data.max_length": 512, "data.batch_size": 256, "optim.learning_rate": 1e-4,
-            "optim.warmup_steps": 10_000, "train.steps": 1_000_000, "train.log_every": 1000,
-            "train.eval_every": 50_000, "train.checkpoint_every": 10_000,
-            **_base_data(data_source)}
+    base = _roberta_base(data_source)
     size, finetune, nseeds = "base", _base_finetune(), 1
   else:
     raise ValueError(f"scale={scale!r}; choose from {SCALES}")

@@ -120,7 +120,7 @@ class ModelConfig:
     return dataclasses.asdict(self)
 
 
-# Published sizes (../ANCHORS: Turc et al. 2019 miniatures, BERT, ELECTRA). FFN = 4d.
+# Published sizes (Turc et al. 2019 miniatures, BERT Table 1, ELECTRA Table 6). FFN = 4d.
 SIZES: dict[str, dict[str, Any]] = {
     "tiny": dict(num_layers=2, hidden_size=128, num_heads=2, ffn_size=512),
     "mini": dict(num_layers=4, hidden_size=256, num_heads=4, ffn_size=1024),

@@ -10,7 +10,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from configs import pretrain  # noqa: E402
 
-EXPECTED = {  # (L, d, h, FFN, embedding) from ANCHORS.md
+EXPECTED = {  # (L, d, h, FFN, embedding) from the BERT / Turc et al. / ELECTRA papers
     "tiny": (2, 128, 2, 512, 128), "mini": (4, 256, 4, 1024, 256),
     "small": (4, 512, 8, 2048, 512), "medium": (8, 512, 8, 2048, 512),
     "base": (12, 768, 12, 3072, 768), "large": (24, 1024, 16, 4096, 1024),

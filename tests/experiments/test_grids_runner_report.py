@@ -350,3 +350,16 @@ def test_override_variant_changes_every_point_and_its_flops():
     assert b.config().data.batch_size == 32 and b.config().optim.learning_rate == \
         a.config().optim.learning_rate
     assert b.flops_per_step > 3.9 * a.flops_per_step  # 4x the tokens per step
+
+
+def test_finetune_command_of_a_multi_axis_point_reaches_its_checkpoint(tmp_path):
+  """Point folders hold commas ("objective=mlm,seed=0"): the fine-tuning job's config argument
+  must still give the whole checkpoint path as init and the run preset as run."""
+  from configs import finetune as finetune_config
+  g = grids.electra_vs_mlm("demo")
+  point = g.select("objective=mlm,seed=1")[0]
+  cmd = runner.finetune_command(point, point.finetune[1], tmp_path)
+  arg = next(a for a in cmd if a.startswith("--config="))
+  cfg = finetune_config.get_config(arg.partition(":")[2])
+  assert cfg.init == f"ckpt:{tmp_path / 'objective=mlm,seed=1' / 'pretrain' / 'checkpoints'}"
+  assert cfg.task == "brown_pos" and cfg.pooling == "mean"  # the run=demo preset applied

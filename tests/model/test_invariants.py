@@ -1,4 +1,4 @@
-"""The seeds' checks (DESIGN.md 1-4, 7, 8) and the encoder's API guarantees."""
+"""The seeds' checks (bidirectional attention, padding, positions, segments, memory) and the encoder's API guarantees."""
 import chex
 import jax
 import jax.numpy as jnp
