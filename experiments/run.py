@@ -6,8 +6,8 @@ r"""One command per grid: run it (resumable), plan it, print launch commands, or
   bash run.sh python -m experiments.run --grid=nsp_formats --scale=base \
       --action=launch --launcher=tpu_pod --data_source=tfds:wikipedia/20231101.en:text
 
-Grids (experiments/grids.py): electra_vs_mlm, nsp_formats, norm_lr_warmup; each at --scale=demo
-(this repo's CPU reproductions) or --scale=base (BERT-base, for a TPU pod / GPU cluster).
+Grids (experiments/grids.py): electra_vs_mlm, nsp_formats, norm_lr_warmup, static_vs_dynamic;
+each at --scale=demo (this repo's CPU reproductions) or --scale=base (BERT-base, for a TPU pod / GPU cluster).
 `run` executes unfinished points in order and skips finished ones: kill it at any time and run
 the same command again. The report goes to --out (default experiments/results/<grid>, where the
 committed demo results live).
