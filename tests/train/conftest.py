@@ -2,6 +2,8 @@
 import jax
 import pytest
 
+from encoder_jax.data import sources, tokenizer
+
 import loop_helpers
 
 
@@ -22,3 +24,16 @@ def env(loop_base):
   yield loop_base
   for k, v in old.items():
     jax.config.update(k, v)
+
+
+@pytest.fixture(scope="session")
+def sotu_corpus(tmp_path_factory):
+  """The State-of-the-Union part of the demo corpus with a 256-token WordPiece vocab trained
+  on it: a small real text on which local context pays off within a few hundred steps (the
+  learnability tests' data)."""
+  base = tmp_path_factory.mktemp("sotu")
+  part = "sotu"
+  docs = sources.demo_documents(split="train", parts=(part,))
+  vocab = tokenizer.train_vocab([" ".join(d.sentences) for d in docs], 256, base / "vocab.txt")
+  return {"base": base, "vocab": str(base / "vocab.txt"), "vocab_size": vocab.vocab_size,
+          "source": f"demo:{part}"}

@@ -25,30 +25,20 @@ pytestmark = pytest.mark.slow
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 from configs import pretrain  # noqa: E402
-from encoder_jax.data import sources, tokenizer  # noqa: E402
 from encoder_jax.model import encoder as encoder_lib  # noqa: E402
 from encoder_jax.train import loop  # noqa: E402
 
 MARGIN = 0.4  # nats below the unigram baseline after STEPS steps (measured: 0.99)
 STEPS = 1500
-PART, VOCAB = "sotu", 256
 DATA = dict(max_length=64, batch_size=32)
 MODEL = dict(hidden_size=64, ffn_size=256, num_heads=4)
 OBJECTIVE = dict(mask_frac=1.0, random_frac=0.0)
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-  base = tmp_path_factory.mktemp("corpus")
-  docs = sources.demo_documents(split="train", parts=(PART,))
-  vocab = tokenizer.train_vocab([" ".join(d.sentences) for d in docs], VOCAB,
-                                base / "vocab.txt")
-  return {"base": base, "vocab": str(base / "vocab.txt"), "vocab_size": vocab.vocab_size}
-
-
-def run(corpus, name: str) -> dict:
+def run(sotu_corpus, name: str) -> dict:
+  corpus = sotu_corpus
   config = pretrain.get_config("runlocal")
-  config.data.update(dict(source=f"demo:{PART}", vocab=corpus["vocab"],
+  config.data.update(dict(source=corpus["source"], vocab=corpus["vocab"],
                           data_dir=str(corpus["base"] / "tfds"), **DATA))
   config.objective.update(OBJECTIVE)
   config.model.update(MODEL)
@@ -60,8 +50,8 @@ def run(corpus, name: str) -> dict:
   return summary["final_eval"]
 
 
-def test_pretraining_beats_the_unigram_baseline(corpus):
-  ev = run(corpus, "intact")
+def test_pretraining_beats_the_unigram_baseline(sotu_corpus):
+  ev = run(sotu_corpus, "intact")
   gap = ev["unigram_at_mask_loss"] - ev["mlm_at_mask_loss"]
   assert gap > MARGIN, (f"held-out MLM loss at [MASK] inputs {ev['mlm_at_mask_loss']:.3f} is "
                         f"only {gap:.3f} nats below the unigram baseline "
@@ -69,11 +59,11 @@ def test_pretraining_beats_the_unigram_baseline(corpus):
   assert ev["mlm_at_mask_accuracy"] > ev["unigram_at_mask_accuracy"] + 0.05
 
 
-def test_broken_attention_stays_on_the_plateau(corpus, monkeypatch):
+def test_broken_attention_stays_on_the_plateau(sotu_corpus, monkeypatch):
   """The check above must fail for a model that cannot see its context."""
   real = encoder_lib.make_attention_mask
   monkeypatch.setattr(encoder_lib, "make_attention_mask",
                       lambda mask_BxT, seg=None: real(mask_BxT, seg) & False)
-  ev = run(corpus, "broken")
+  ev = run(sotu_corpus, "broken")
   gap = ev["unigram_at_mask_loss"] - ev["mlm_at_mask_loss"]
   assert gap < MARGIN / 4, f"blind model {gap:.3f} nats below the unigram baseline"
