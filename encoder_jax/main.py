@@ -22,9 +22,14 @@ from ml_collections import config_flags
 from encoder_jax import cli
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("mode", "demo", ["demo", "pretrain"],
-                  "What to run. demo: import the MiniLM checkpoint and embed demo sentences. "
-                  "pretrain: train_and_evaluate(--config, --workdir).")
+MODES = {"pretrain": "train_and_evaluate(--config, --workdir): pre-train, resuming if --workdir "
+                     "holds checkpoints",
+         "demo": "import the all-MiniLM-L6-v2 checkpoint and print a similarity table of demo "
+                 "sentences"}
+flags.DEFINE_enum("mode", None, list(MODES),
+                  "Required: what to run. " + "; ".join(f"{k}: {v}" for k, v in MODES.items())
+                  + ". (The main job, pre-training + fine-tuning + comparison, is "
+                  "`python -m encoder_jax.demo`.)")
 flags.DEFINE_string("workdir", None,
                     "Directory for checkpoints, logs and results of this run (created if absent).")
 flags.DEFINE_string("cache_dir", None,
@@ -101,6 +106,9 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)
+  if FLAGS.mode is None:  # no default: a training command must never run something else
+    raise app.UsageError("--mode is required: " + "; ".join(
+        f"--mode={k} ({v})" for k, v in MODES.items()) + ".")
   init_distributed()
   if FLAGS.mode == "demo":
     demo(FLAGS.cache_dir)

@@ -19,6 +19,9 @@ RUNTIME=${RUNTIME:-tpu-ubuntu2204-base}    # v5e: v2-alpha-tpuv5-lite
 BUCKET=${BUCKET:-}
 REPO=${REPO:-}
 JAX_VERSION=${JAX_VERSION:-0.10.2}
+# The project needs Python >= 3.11; TPU VM base images ship 3.10. uv (pinned, installed with
+# the image's pip) fetches a standalone CPython 3.11 and builds the venv with it.
+UV_VERSION=${UV_VERSION:-0.13.8}
 ssh_all() {
   gcloud compute tpus tpu-vm ssh "$TPU" --project="$PROJECT" --zone="$ZONE" --worker=all \
     --command="$1"
@@ -34,14 +37,19 @@ case "${1:-}" in
   install)
     : "${REPO:?set REPO (git URL of this repository)}"
     ssh_all "set -e; [ -d encoder_jax ] || git clone $REPO encoder_jax; cd encoder_jax && git pull \
-      && python3 -m venv .venv && .venv/bin/pip install -q -e . 'jax[tpu]==$JAX_VERSION'" ;;
+      && python3 -m pip install -q --user uv==$UV_VERSION \
+      && ~/.local/bin/uv venv --python 3.11 .venv \
+      && ~/.local/bin/uv pip install -q --python .venv/bin/python -e . 'jax[tpu]==$JAX_VERSION' \
+      && .venv/bin/python -c 'import sys; assert sys.version_info >= (3, 11), sys.version'" ;;
   train)
     : "${BUCKET:?set BUCKET (gs://...)}"
     arg=${2:?config argument, e.g. size=base,objective=mlm}
     shift 2
     name=${NAME:-$(date +%Y%m%d-%H%M%S)}
+    # --distributed=auto: jax.distributed.initialize() discovers the slice's hosts (TPU VM
+    # metadata); without it every host would train alone on its own 4 chips.
     ssh_all "cd encoder_jax && .venv/bin/python -m encoder_jax.main --mode=pretrain \
-      --config=configs/pretrain.py:$arg --workdir=$BUCKET/runs/$name \
+      --distributed=auto --config=configs/pretrain.py:$arg --workdir=$BUCKET/runs/$name \
       --config.data.data_dir=$BUCKET/tfds $* 2>&1 | tee -a train-$name.log" ;;
   delete)
     gcloud compute tpus queued-resources delete "$TPU-qr" --project="$PROJECT" --zone="$ZONE" \

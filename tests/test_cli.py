@@ -43,3 +43,14 @@ def test_verbose_shows_the_traceback(tmp_path):
   assert got.returncode == 1
   assert "Traceback (most recent call last)" in got.stderr and "ConfigError" in got.stderr
   assert got.stderr.strip().splitlines()[-1].startswith("error: train.steps=-5")
+
+
+def test_mode_is_required(tmp_path):
+  """A training command without --mode must not silently run something else (it once ran the
+  MiniLM similarity demo): it stops at once, naming the modes."""
+  got = _run(f"--workdir={tmp_path}", "--config=configs/pretrain.py:runlocal")
+  assert got.returncode == 2, got.stderr
+  lines = got.stderr.strip().splitlines()
+  assert lines[1].startswith("error: --mode is required: --mode=pretrain ("), got.stderr
+  assert "--mode=demo (" in lines[1]
+  assert not any(tmp_path.iterdir()) and "cosine similarity" not in got.stdout

@@ -1,0 +1,53 @@
+"""The launchers start what they claim: one JAX process per GPU under SLURM, each on its own
+GPU, and multi-host initialisation on TPU pods with a Python the project supports."""
+import pathlib
+import re
+import subprocess
+
+import pytest
+from jax._src import clusters  # JAX's own cluster detection, used by --distributed=auto
+
+LAUNCH = pathlib.Path(__file__).resolve().parents[1] / "launch"
+
+
+def sbatch_options(path: pathlib.Path) -> dict[str, str]:
+  return dict(re.findall(r"^#SBATCH --([\w-]+)=(\S+)", path.read_text(), re.M))
+
+
+@pytest.mark.parametrize("script", ["slurm_gpu.sbatch", "tpu_pod.sh", "local.sh"])
+def test_scripts_parse(script):
+  subprocess.run(["bash", "-n", str(LAUNCH / script)], check=True)
+
+
+def test_slurm_runs_one_process_per_gpu_and_jax_gives_each_its_own(monkeypatch):
+  opts = sbatch_options(LAUNCH / "slurm_gpu.sbatch")
+  per_node = int(opts["ntasks-per-node"])
+  assert per_node == int(opts["gpus-per-node"]) == 8, opts
+  assert "gpus-per-task" not in opts  # would renumber each task's GPU to 0
+  text = (LAUNCH / "slurm_gpu.sbatch").read_text()
+  assert re.search(r"srun .*encoder_jax\.main --mode=pretrain", text)
+  assert "--distributed=auto" in text
+
+  nodes = 2
+  seen = []
+  for procid in range(nodes * per_node):  # what srun sets for each task of a 2-node job
+    env = {"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "gpu[017-018]",
+           "SLURM_NTASKS": str(nodes * per_node), "SLURM_PROCID": str(procid),
+           "SLURM_LOCALID": str(procid % per_node), "SLURM_STEP_NUM_NODES": str(nodes)}
+    for k, v in env.items():
+      monkeypatch.setenv(k, v)
+    coord, n, pid, local = clusters.ClusterEnv.auto_detect_unset_distributed_params(
+        None, None, None, None, None, None)
+    assert coord.startswith("gpu017:") and n == nodes * per_node and pid == procid
+    assert local == [procid % per_node]  # this task's GPU, one of the node's 8 visible GPUs
+    seen.append((procid // per_node, local[0]))
+  assert len(set(seen)) == nodes * per_node  # every (node, GPU) driven by exactly one process
+
+
+def test_tpu_pod_initialises_the_slice_with_python_3_11():
+  text = (LAUNCH / "tpu_pod.sh").read_text()
+  train = text[text.index("  train)"):text.index("  delete)")]
+  assert "--mode=pretrain" in train and "--distributed=auto" in train
+  install = text[text.index("  install)"):text.index("  train)")]
+  assert re.search(r"uv==\$UV_VERSION", install) and re.search(r"UV_VERSION=\$\{UV_VERSION:-\d+\.\d+\.\d+\}", text)
+  assert "--python 3.11" in install and "python3 -m venv" not in install
