@@ -17,6 +17,9 @@ Arguments after ':' are comma-separated key=value pairs (`runlocal` alone means 
              pre with runlocal)
   runlocal   the demo recipe for a 2-core CPU (see `runlocal` below): leaves the unigram
              plateau in minutes
+  precision  fp32 | bf16: bf16 computes activations and matmuls in bfloat16 while parameters,
+             gradients and optimizer state stay float32 (the TPU/GPU setting; XLA:CPU has no
+             fast bf16 path)                                              (default fp32)
 Any leaf can be overridden on the command line: --config.train.steps=100,
 --config.optim.learning_rate=1e-3, --config.model.hidden_dropout=0.0.
 
@@ -77,7 +80,7 @@ def model_config(size: str, norm: str) -> ml_collections.ConfigDict:
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   args = parse_arg(arg, size="tiny", objective="mlm", nsp="none", format="", norm="",
-                   runlocal="False")
+                   runlocal="False", precision="fp32")
   # pre-LN is part of the demo recipe (runlocal); BERT's post-LN otherwise.
   args["norm"] = args["norm"] or ("pre" if args["runlocal"] == "True" else "post")
   objective = _choice("objective", args["objective"], OBJECTIVES)
@@ -96,6 +99,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # on TPU/GPU, one device on CPU. E.g. FSDP over a pod: --config.mesh=1,-1,1.
   config.mesh = "auto"
   config.model = model_config(args["size"], args["norm"])
+  # Mixed precision: model.dtype is the compute dtype, model.param_dtype (float32) the storage
+  # dtype of parameters and hence of gradients and optimizer moments; losses are taken in fp32
+  # (tests/train/test_bf16.py: losses track fp32's, parameters stay fp32).
+  config.model.dtype = {"fp32": "float32", "bf16": "bfloat16"}[
+      _choice("precision", args["precision"], ("fp32", "bf16"))]
 
   config.data = ml_collections.ConfigDict(dict(
       # demo (SOTU + Moby-Dick + Brown) | demo:<part>[+<part>] (e.g. demo:moby_dick) |

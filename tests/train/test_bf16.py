@@ -1,0 +1,44 @@
+"""Mixed precision (`configs/pretrain.py:...,precision=bf16`): bf16 compute, fp32 storage.
+
+A bf16 training run must track the fp32 run of the same seed and data step for step (the
+losses differ only by bf16 rounding), must really compute in bf16 (the losses are not
+bit-identical), and must keep parameters and optimizer state in float32 in the checkpoint.
+"""
+import sys
+import pathlib
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+import loop_helpers as H
+from encoder_jax.train import loop
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+from configs import pretrain  # noqa: E402
+
+STEPS = 60
+TOLERANCE = 0.02  # nats, at every step
+
+
+def run(env, precision: str, tmp_path) -> tuple[dict, pathlib.Path]:
+  config = H.tiny_config(env, steps=STEPS, log_every=1, eval_every=STEPS,
+                         checkpoint_every=STEPS)
+  config.optim.update(dict(total_steps=STEPS))
+  config.model.dtype = pretrain.get_config(f"size=tiny,precision={precision}").model.dtype
+  workdir = tmp_path / precision
+  loop.train_and_evaluate(config, str(workdir))
+  return {k: v["loss"] for k, v in H.train_rows(workdir).items()}, workdir
+
+
+def test_bf16_tracks_fp32_and_stores_fp32(env, tmp_path):
+  fp32, _ = run(env, "fp32", tmp_path)
+  bf16, workdir = run(env, "bf16", tmp_path)
+  assert sorted(fp32) == sorted(bf16) == list(range(1, STEPS + 1))
+  diff = np.array([abs(fp32[k] - bf16[k]) for k in sorted(fp32)])
+  assert fp32[STEPS] < fp32[1] - 0.5, "the run must learn for the comparison to mean much"
+  assert diff.max() < TOLERANCE, f"bf16 drifted from fp32: max |diff| {diff.max():.4f} nats"
+  assert diff.max() > 0, "bf16 losses equal fp32's bit for bit: bf16 compute is not in effect"
+  state = ocp.StandardCheckpointer().restore(workdir / "checkpoints" / str(STEPS) / "state")
+  dtypes = {str(np.asarray(x).dtype) for x in jax.tree.leaves(state)}
+  assert dtypes <= {"float32", "int32"} and "float32" in dtypes, dtypes
