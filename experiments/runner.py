@@ -178,11 +178,20 @@ class InProcess:
         gc.collect()  # drop the job's device buffers before the next one
 
   def pretrain(self, point: Point, workdir) -> int:
-    from encoder_jax.train.loop import train_and_evaluate
+    """Pre-trains the point; SIGTERM (the trainer saves a checkpoint and returns) stops the
+    whole grid run with exit 0, as it would stop the subprocess, instead of starting the
+    next point."""
+    from encoder_jax.train import loop
     pdir = point_dir(workdir, point)
-    return self._call(shlex.join(pretrain_command(point, workdir, "python")),
-                      lambda: train_and_evaluate(point.config(), str(pdir / "pretrain")),
+    code = self._call(shlex.join(pretrain_command(point, workdir, "python")),
+                      lambda: loop.train_and_evaluate(point.config(), str(pdir / "pretrain")),
                       pdir / "pretrain.log")
+    summary = pdir / "pretrain" / "summary.json"
+    if code == 0 and json.loads(summary.read_text()).get("stop_reason") == "preempted":
+      self.echo(f"{point.name}: SIGTERM, its checkpoint saved; run the same command again to "
+                "resume")
+      raise SystemExit(0)
+    return code
 
   def finetune(self, point: Point, job: FinetuneJob, workdir) -> int:
     from encoder_jax.finetune.run import finetune_and_evaluate

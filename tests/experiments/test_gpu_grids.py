@@ -166,6 +166,24 @@ def test_in_process_calls_log_echo_and_report_failures(tmp_path, capsys):
                     in_process=True)
 
 
+def test_in_process_preemption_stops_the_grid_run(tmp_path, monkeypatch):
+  """SIGTERM inside a point's training (the trainer saves and returns "preempted") ends the
+  grid run with exit 0 instead of moving on to the next point; the point stays resumable."""
+  from encoder_jax.train import loop
+  calls = []
+
+  def preempted(config, workdir):
+    calls.append(workdir)
+    pathlib.Path(workdir).mkdir(parents=True)
+    (pathlib.Path(workdir) / "summary.json").write_text(json.dumps({"stop_reason": "preempted"}))
+  monkeypatch.setattr(loop, "train_and_evaluate", preempted)
+  g = grids.dry_run(grids.static_vs_dynamic("gpu"))
+  with pytest.raises(SystemExit) as stop:
+    runner.run_grid(g, tmp_path, in_process=True, keep_going=True, echo=lambda s: None)
+  assert stop.value.code == 0 and len(calls) == 1
+  assert runner.status(tmp_path, g.points[0]) == "partial"
+
+
 @pytest.mark.slow
 def test_gpu_grids_script_dry_run_end_to_end(tmp_path):
   """bash bench/gpu_grids.sh --dry_run: every point of the four grids pre-trains (3 steps) and
