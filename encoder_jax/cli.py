@@ -118,7 +118,8 @@ def loaded_config(name: str = "config"):
                          f"not be loaded: {str(e).strip().splitlines()[-1].strip()}") from e
 
 
-def _compilation_cache() -> None:
+def enable_compilation_cache() -> None:
+  """XLA's persistent compilation cache under the encoder_jax cache (before JAX is imported)."""
   if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     from encoder_jax.data.fetch import cache_root  # pylint: disable=g-import-not-at-top
     os.environ["JAX_COMPILATION_CACHE_DIR"] = str(cache_root() / "xla")
@@ -133,7 +134,7 @@ def run(main: Callable[[list[str]], None], name: str) -> None:
   verbose = _verbose(sys.argv)
   if not verbose:
     logging.get_absl_logger().addFilter(_HideOrbaxTracebacks())
-  _compilation_cache()
+  enable_compilation_cache()
 
   def checked_main(argv):
     try:

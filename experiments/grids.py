@@ -1,8 +1,12 @@
-"""The ablation grids: ELECTRA vs MLM, NSP and input formats, post- vs pre-LN.
+"""The ablation grids: ELECTRA vs MLM, ELECTRA's generator size, NSP and input formats, post-
+vs pre-LN, static vs dynamic masking.
 
-Each grid exists at two scales:
+Each grid exists at three scales:
   demo  what this repo's CPU reproductions ran (experiments/results/<grid>/): a tiny encoder on
         the demo corpus, minutes per point on 2 CPU cores.
+  gpu   the same comparisons on one H100/H200 (experiments/results/<grid>_gpu/): an
+        ELECTRA-Small-shaped encoder (12 x 256) in bf16 on the demo corpus, all four main grids
+        in about 9 minutes in one process (`bash bench/gpu_grids.sh`; sizing below, GPU_*).
   base  the same comparison at BERT-base scale for a TPU pod or GPU cluster: the published
         recipe's batch, length and steps (BERT, RoBERTa and ELECTRA papers), FLOPs from the counter,
         an estimated time on a v4-32 (`python -m experiments.run --grid=... --scale=base
@@ -16,10 +20,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from experiments.grid import FinetuneJob, Grid, Point, PointSpec, expand, resolve_config, \
-    steps_for_budget
+from experiments.grid import FinetuneJob, Grid, Point, PointSpec, expand, make_point, \
+    resolve_config, steps_for_budget
 
-SCALES = ("demo", "base")
+SCALES = ("demo", "gpu", "base")
 
 # Downstream jobs. demo: the two demo tasks with the main job's fine-tuning (configs/finetune.py
 # run=demo: masked-mean pooling, lr 1e-3, 2 epochs over 2,000 rows, 1,000 dev/test rows).
@@ -61,6 +65,58 @@ def _roberta_base(source: str) -> dict:
           "train.eval_every": 50_000, "train.checkpoint_every": 10_000, **_base_data(source)}
 
 
+# ------------------------------------------------------------------ gpu scale: one H100/H200
+#
+# Every gpu point is the demo recipe (runlocal: pre-LN, 8 ALiBi heads, no dropout, the 8k demo
+# vocab, mask rate 0.2) on an ELECTRA-Small-shaped encoder (12 layers of 256, embeddings 128;
+# ELECTRA Table 6's Small) at ELECTRA-Small's batch of 128 rows of 128 tokens (16k tokens a
+# step), bf16 matmuls with fp32 parameters and optimizer state, attention_impl "auto" (cuDNN on
+# GPU when it takes the shapes). lr 1e-3 with a 10% warm-up: not measured at this size (the
+# demo recipe's 2e-3 was chosen at batch 8 on 2 layers; ELECTRA-Small used 5e-4 over 1M steps).
+#
+# Sizing. Nothing here has run on a GPU yet; the budget is an estimate from these numbers:
+GPU_PEAK_FLOPS = 989e12  # H100/H200 SXM dense bf16 (encoder_jax.train.flops' peak table)
+# Model FLOPs utilisation of a 12 x 256 encoder at 16k tokens a step: each matmul is a few
+# GFLOP (microseconds at peak), so kernel launches and element-wise passes dominate; BERT-base
+# reaches ~40-50% on such GPUs, a model this narrow far less. Assumed, not measured:
+GPU_MFU = 0.12  # -> 1.2e14 FLOP/s sustained, ~9 ms per MLM step of 1.03e12 FLOPs
+# Once: Python, JAX/Flax/TFDS/grain/Orbax imports, CUDA init, the grids' definitions, caches.
+GPU_STARTUP_S = 40.0
+# Per point, in one process: the train step compiles once per point (the seed, learning rate
+# and schedule are constants of the program, so no two points share it), plus parameter
+# init, the evaluation program (shared by points of one objective through XLA's persistent
+# cache), 8 held-out batches and the final checkpoint.
+GPU_POINT_S = 7.0
+# Per fine-tuning job (one task, 3 seeds): restore the checkpoint, tokenize ~4k snippets,
+# 3 x 125 steps of batch 32 (launch-bound, ~3 ms each) and the dev/test passes; its programs
+# are the same for every point of one shape, so after the first point they come from the cache.
+GPU_FINETUNE_S = 2.5
+GPU_BUDGET_S = 540.0  # bench/gpu_grids.sh's target for the four main grids: 9 minutes
+GPU_GRIDS = ("electra_vs_mlm", "nsp_formats", "norm_lr_warmup", "static_vs_dynamic")
+_GPU_SIZE = "electra-small"
+
+
+def _gpu_points(steps: int, warmup_of: int | None = None) -> dict:
+  """The gpu recipe's overrides for `steps` steps (warm-up: 10% of `warmup_of` or `steps`)."""
+  return {"model.dtype": "bfloat16", "model.param_dtype": "float32",
+          "model.attention_impl": "auto", "data.batch_size": 128, "data.max_length": 128,
+          "optim.learning_rate": 1e-3, "optim.warmup_steps": (warmup_of or steps) // 10,
+          "train.steps": steps, "train.log_every": 25, "train.eval_every": steps,
+          "train.eval_steps": 8, "train.checkpoint_every": steps, "train.keep": 1}
+
+
+def gpu_seconds(grid: Grid) -> float:
+  """Estimated seconds of `grid` on one H100/H200 in one process (without the start-up):
+  training FLOPs at GPU_MFU plus GPU_POINT_S and GPU_FINETUNE_S per job for every point."""
+  flops = sum(p.total_flops for p in grid.points)
+  fixed = sum(GPU_POINT_S + GPU_FINETUNE_S * len(p.finetune) for p in grid.points)
+  return flops / (GPU_PEAK_FLOPS * GPU_MFU) + fixed
+
+
+def _scale_error(scale: str) -> ValueError:
+  return ValueError(f"scale={scale!r}; choose from {SCALES}")
+
+
 # ------------------------------------------------------------------ (a) ELECTRA vs MLM
 
 ELECTRA_ANCHOR = (
@@ -69,9 +125,17 @@ ELECTRA_ANCHOR = (
     "MLM 82.4 = ELECTRA-15% 82.4 > BERT 82.2. The gain comes from learning on every token.")
 
 
+# ELECTRA (arXiv 2003.10555) Appendix A, Table 6: the generator's hidden size, FFN size and
+# heads are 1/4 of the discriminator's for Small and Large and 1/3 for Base (ELECTRA-Base: a
+# 256-wide generator with 4 heads of 64 for the 768-wide discriminator).
+GEN_FRAC_SMALL = 0.25
+GEN_FRAC_BASE = 1 / 3
+
+
 def electra_vs_mlm(scale: str = "demo", data_source: str = "") -> Grid:
-  """MLM (BERT 80/10/10) vs ELECTRA RTD vs its ELECTRA-15% and Replace-MLM variants, each
-  at the same training-FLOPs budget (generator + discriminator counted), no NSP."""
+  """MLM (BERT 80/10/10) vs ELECTRA RTD vs its ELECTRA-15%, Replace-MLM and All-Tokens MLM
+  variants (ELECTRA Table 5), each at the same training-FLOPs budget (generator +
+  discriminator counted), no NSP."""
   if scale == "demo":
     # The demo recipe; the budget is 2,000 MLM steps (2M tokens, ~3 min on 2 cores). ELECTRA's
     # generator is 1/4 of the discriminator's width (the repo default; its heads keep the
@@ -80,32 +144,94 @@ def electra_vs_mlm(scale: str = "demo", data_source: str = "") -> Grid:
     base = _demo_points(0)
     budget = steps_for_budget_ref("size=tiny,objective=mlm,runlocal", base, steps=2000)
     size, finetune, seeds = "tiny", _demo_finetune(), {"mlm": 2, "electra": 2}
+  elif scale == "gpu":
+    # The gpu recipe; the budget is 400 MLM steps (6.6M tokens, 4.1e14 FLOPs) per point,
+    # ~8e14 per arm of the finding over its two seeds. The generator is ELECTRA-Small's 1/4.
+    base = _gpu_points(0)
+    budget = steps_for_budget_ref(f"size={_GPU_SIZE},objective=mlm,runlocal",
+                                  _gpu_points(400), steps=400)
+    size, finetune, seeds = _GPU_SIZE, _demo_finetune(), {"mlm": 2, "electra": 2}
   elif scale == "base":
-    # ELECTRA-Base's compute (Table 1: 6.4e19 FLOPs, BERT-Base's), seq 512, batch 256.
+    # ELECTRA-Base's compute (Table 1: 6.4e19 FLOPs, BERT-Base's), seq 512, batch 256, and
+    # ELECTRA-Base's 1/3-width generator (Table 6).
     base = {"data.max_length": 512, "data.batch_size": 256, "optim.learning_rate": 2e-4,
             "train.log_every": 1000, "train.eval_every": 50_000, "train.checkpoint_every": 10_000,
-            **_base_data(data_source)}
+            "objective.gen_hidden_frac": GEN_FRAC_BASE, **_base_data(data_source)}
     budget, size, finetune, seeds = 6.4e19, "base", _base_finetune(), {}
   else:
-    raise ValueError(f"scale={scale!r}; choose from {SCALES}")
+    raise _scale_error(scale)
   objectives = ["mlm", "electra", "electra_15", "replace_mlm", "all_tokens_mlm"]
+  local = scale != "base"
 
   def point(v):
     if v["seed"] >= seeds.get(v["objective"], 1):
       return None
-    arg = f"size={size},objective={v['objective']}" + (",runlocal" if scale == "demo" else "")
+    arg = f"size={size},objective={v['objective']}" + (",runlocal" if local else "")
     steps = steps_for_budget(resolve_config(arg, base), budget)
     over = {**base, "train.steps": steps, "train.flops_budget": budget}
-    if scale == "demo":
+    if scale == "gpu":
+      over |= _gpu_points(steps)
+    if local:
       over |= {"train.eval_every": steps, "train.checkpoint_every": steps, "seed": v["seed"]}
     else:
       over |= {"optim.warmup_steps": 10_000}
     return PointSpec(arg, over, finetune)
 
-  axes = {"objective": objectives, "seed": [0, 1] if scale == "demo" else [0]}
+  axes = {"objective": objectives, "seed": [0, 1] if local else [0]}
   return Grid("electra_vs_mlm", "ELECTRA vs MLM at equal FLOPs", _drop_single_seed(
       expand(axes, point)),
       anchor=ELECTRA_ANCHOR, curve_keys=("mlm_loss", "main_loss", "gen_loss"))
+
+
+# ------------------------------------------------------------------ (a') ELECTRA generator size
+
+GENERATOR_ANCHOR = (
+    "ELECTRA (arXiv 2003.10555) Section 3.2 and Figure 3 (left): GLUE dev score against the "
+    "generator's width for discriminators of width 256, 512 and 768, at equal training steps: "
+    "generators 1/4-1/2 of the discriminator's width work best; an equal-size generator is "
+    "worse (the discriminator faces too hard a task) and costs about twice the compute per "
+    "step. Table 6 uses 1/4 for Small and Large, 1/3 for Base.")
+
+GEN_FRACS = {"1/4": 0.25, "1/2": 0.5, "1": 1.0}  # point label (gen=...) -> gen_hidden_frac
+
+
+def generator_size(scale: str = "demo", data_source: str = "") -> Grid:
+  """ELECTRA's RTD with a generator of 1/4, 1/2 and 1x the discriminator's width (hidden size,
+  FFN and heads scale together; depth stays), at equal steps as in the paper's Figure 3, so a
+  wider generator costs more FLOPs (the report's x-axis shows them)."""
+  if scale == "demo":
+    # The demo recipe (2 x 128, 8 heads of 16): generators of 32 (2 heads), 64 (4) and 128 (8)
+    # wide, 2,000 steps each (~2M tokens), two pre-training seeds per width.
+    base = _demo_points(2000)
+    size, finetune, nseeds = "tiny", _demo_finetune(), 2
+  elif scale == "gpu":
+    # The gpu recipe (12 x 256, 8 heads of 32): generators of 64, 128 and 256 wide, 400 steps
+    # each (6.6M tokens; 4.4e14 / 5.2e14 / 8.2e14 FLOPs), one seed (not in the 9-minute set).
+    base = _gpu_points(400)
+    size, finetune, nseeds = _GPU_SIZE, _demo_finetune(), 1
+  elif scale == "base":
+    # ELECTRA-Base's setting (seq 512, batch 256, lr 2e-4, 10k warm-up), 500k steps a point.
+    base = {"data.max_length": 512, "data.batch_size": 256, "optim.learning_rate": 2e-4,
+            "optim.warmup_steps": 10_000, "train.steps": 500_000, "train.log_every": 1000,
+            "train.eval_every": 50_000, "train.checkpoint_every": 10_000,
+            **_base_data(data_source)}
+    size, finetune, nseeds = "base", _base_finetune(), 1
+  else:
+    raise _scale_error(scale)
+
+  def point(v):
+    over = {**base, "objective.gen_hidden_frac": GEN_FRACS[v["gen"]]}
+    arg = f"size={size},objective=electra"
+    if scale != "base":
+      arg, over["seed"] = arg + ",runlocal", v["seed"]
+    return PointSpec(arg, over, finetune)
+
+  # "1/4" is no directory name: the label is the width as a fraction's digits (gen=1_4).
+  labels = {k.replace("/", "_"): k for k in GEN_FRACS}
+  return Grid("generator_size", "ELECTRA generator size at equal steps", _drop_single_seed(
+      expand({"gen": list(labels), "seed": list(range(nseeds))},
+             lambda v: point({**v, "gen": labels[v["gen"]]}))),
+      anchor=GENERATOR_ANCHOR, curve_keys=("gen_loss",))
 
 
 def steps_for_budget_ref(arg: str, overrides: dict, *, steps: int) -> float:
@@ -138,17 +264,22 @@ def nsp_formats(scale: str = "demo", data_source: str = "") -> Grid:
     # 1,500 steps (1.5M tokens) per point, two pre-training seeds each, 3 fine-tuning seeds.
     base = {**_demo_points(1500), "data.max_length": 128, "data.batch_size": 8}
     size, finetune, nseeds = "tiny", _demo_finetune(), 2
+  elif scale == "gpu":
+    # The gpu recipe (rows of 128, batch 128; SENTENCE-PAIR batch 256), 360 steps (5.9M
+    # tokens) per point, two pre-training seeds each, 3 fine-tuning seeds.
+    base = _gpu_points(360)
+    size, finetune, nseeds = _GPU_SIZE, _demo_finetune(), 2
   elif scale == "base":
     # RoBERTa's Table 2 setting: BERT-base, seq 512, batch 256, 1M steps, lr 1e-4.
     base = _roberta_base(data_source)
     size, finetune, nseeds = "base", _base_finetune(), 1
   else:
-    raise ValueError(f"scale={scale!r}; choose from {SCALES}")
+    raise _scale_error(scale)
 
   def point(v):
     fmt, task = _FORMATS[v["format"]]
     over = dict(base)
-    if scale == "demo":
+    if scale != "base":
       over["seed"] = v["seed"]
     if fmt == "sentence_pair":
       # Two natural sentences average ~63 WordPiece tokens on the demo corpus (~30 per
@@ -158,7 +289,7 @@ def nsp_formats(scale: str = "demo", data_source: str = "") -> Grid:
       over["data.batch_size"] = base["data.batch_size"] * max(1, base["data.max_length"] // 64)
       over["data.max_length"] = min(128, base["data.max_length"])
     arg = f"size={size},objective=mlm,nsp={task},format={fmt}"
-    return PointSpec(arg + (",runlocal" if scale == "demo" else ""), over, finetune)
+    return PointSpec(arg + (",runlocal" if scale != "base" else ""), over, finetune)
 
   points = expand({"format": list(_FORMATS), "seed": list(range(nseeds))}, point)
   return Grid("nsp_formats", "NSP and input formats at equal tokens", _drop_single_seed(points), anchor=NSP_ANCHOR, curve_keys=("mlm_loss",))
@@ -186,13 +317,19 @@ def norm_lr_warmup(scale: str = "demo", data_source: str = "") -> Grid:
     base = {**_demo_points(500), "model.num_layers": 8, "optim.total_steps": 2000}
     # warm-up "10pct" = 10% of the 2,000-step schedule (200 steps)
     size, lrs, warmups, seeds = "tiny", [1e-3, 3e-3], {"0": 0, "10pct": 200}, {"0": 2}
+  elif scale == "gpu":
+    # The gpu recipe's 12 layers of 256 (BERT-base's depth, where Xiong et al.'s bound on
+    # post-LN's gradients is large): the first 200 steps (3.3M tokens) of an 800-step schedule
+    # at batch 128, lr 1e-3 and 3e-3; two pre-training seeds without warm-up, one with.
+    base = {**_gpu_points(200), "optim.total_steps": 800}
+    size, lrs, warmups, seeds = _GPU_SIZE, [1e-3, 3e-3], {"0": 0, "10pct": 80}, {"0": 2}
   elif scale == "base":
     base = {"data.max_length": 128, "data.batch_size": 256, "train.steps": 300_000,
             "train.log_every": 1000, "train.eval_every": 20_000,
             "train.checkpoint_every": 10_000, **_base_data(data_source)}
     size, lrs, warmups, seeds = "base", [1e-4, 3e-4, 1e-3], {"0": 0, "10pct": 30_000}, {}
   else:
-    raise ValueError(f"scale={scale!r}; choose from {SCALES}")
+    raise _scale_error(scale)
   finetune = ((FinetuneJob("glue/mrpc", seeds=5, run="full"),  # Xiong et al.'s two tasks
                FinetuneJob("glue/rte", seeds=5, run="full")) if scale == "base"
               else _demo_finetune())
@@ -202,13 +339,13 @@ def norm_lr_warmup(scale: str = "demo", data_source: str = "") -> Grid:
       return None
     over = {**base, "optim.learning_rate": v["lr"], "optim.warmup_steps": warmups[v["warmup"]]}
     arg = f"size={size},objective=mlm,norm={v['norm']}"
-    if scale == "demo":
+    if scale != "base":
       arg, over["seed"] = arg + ",runlocal", v["seed"]
     return PointSpec(arg, over, finetune)
 
   return Grid("norm_lr_warmup", "post-LN vs pre-LN: learning rate x warm-up", _drop_single_seed(
       expand({"lr": lrs, "warmup": list(warmups), "norm": ["post", "pre"],
-              "seed": [0, 1] if scale == "demo" else [0]}, point)),
+              "seed": [0, 1] if scale != "base" else [0]}, point)),
       anchor=NORM_ANCHOR, curve_keys=("mlm_loss",), facet=("lr", "warmup"))
 
 
@@ -231,14 +368,22 @@ def static_vs_dynamic(scale: str = "demo", data_source: str = "") -> Grid:
     # pre-training seeds per arm; the held-out split is Moby-Dick's own validation chapters.
     base = {**_demo_points(2400), "data.source": "demo:moby_dick"}
     size, finetune, nseeds = "tiny", _demo_finetune(), 2
+  elif scale == "gpu":
+    # The gpu recipe on Moby-Dick alone: 400 steps of 16k tokens (6.6M tokens, ~20 epochs):
+    # static with dupe_factor 5 sees each mask ~4 times (BERT's repetition), dupe_factor 1
+    # every epoch the same mask.
+    base = {**_gpu_points(400), "data.source": "demo:moby_dick"}
+    size, finetune, nseeds = _GPU_SIZE, _demo_finetune(), 2
   elif scale == "base":
     # RoBERTa's Table 1 setting: BERT-base, seq 512, batch 256, 1M steps (40 epochs of
     # BookCorpus + Wikipedia), dupe_factor 10.
     base = _roberta_base(data_source)
     size, finetune, nseeds = "base", _base_finetune(), 1
   else:
-    raise ValueError(f"scale={scale!r}; choose from {SCALES}")
+    raise _scale_error(scale)
   arms = {"dynamic": ("dynamic", 1), "static_x2": ("static", 2), "static_x1": ("static", 1)}
+  if scale == "gpu":
+    arms = {"dynamic": ("dynamic", 1), "static_x5": ("static", 5), "static_x1": ("static", 1)}
   if scale == "base":
     arms = {"dynamic": ("dynamic", 1), "static_x10": ("static", 10)}
 
@@ -246,7 +391,7 @@ def static_vs_dynamic(scale: str = "demo", data_source: str = "") -> Grid:
     masking, dupe = arms[v["masking"]]
     over = {**base, "objective.masking": masking, "objective.dupe_factor": dupe}
     arg = f"size={size},objective=mlm"
-    if scale == "demo":
+    if scale != "base":
       arg, over["seed"] = arg + ",runlocal", v["seed"]
     return PointSpec(arg, over, finetune)
 
@@ -273,6 +418,7 @@ GRIDS: dict[str, Callable[..., Grid]] = {
     "nsp_formats": nsp_formats,
     "norm_lr_warmup": norm_lr_warmup,
     "static_vs_dynamic": static_vs_dynamic,
+    "generator_size": generator_size,
 }
 
 
@@ -280,3 +426,30 @@ def get_grid(name: str, scale: str = "demo", data_source: str = "") -> Grid:
   if name not in GRIDS:
     raise ValueError(f"--grid={name!r}; choose one of {sorted(GRIDS)}.")
   return GRIDS[name](scale, data_source)
+
+
+# ------------------------------------------------------------------ dry runs
+
+# Every point shrunk to a CPU smoke test of its own code path: a 1 x 32 encoder (float32, XLA
+# attention), 3 steps of 4 rows of 32 tokens, one held-out batch, one fine-tuning seed on 16
+# rows of each task. Axes, objectives, formats, masking and schedules stay the point's own.
+DRY_RUN_PRETRAIN = {
+    "model.num_layers": 1, "model.hidden_size": 32, "model.num_heads": 2, "model.ffn_size": 64,
+    "model.embedding_size": 32, "model.dtype": "float32", "model.attention_impl": "xla",
+    "data.batch_size": 4, "data.max_length": 32, "optim.warmup_steps": 1, "train.steps": 3,
+    "train.log_every": 1, "train.eval_every": 3, "train.eval_steps": 1,
+    "train.checkpoint_every": 3, "train.keep": 1}
+DRY_RUN_FINETUNE = {"max_train_examples": 16, "max_eval_examples": 16, "epochs": 1}
+
+
+def dry_run(grid: Grid) -> Grid:
+  """`grid` with every point shrunk to a few CPU seconds (DRY_RUN_*): same names and axes, so
+  the runner, the in-process executor and the report are exercised end to end."""
+  def shrink(p: Point) -> Point:
+    finetune = tuple(dataclasses.replace(j, seeds=1, overrides={**j.overrides,
+                                                                **DRY_RUN_FINETUNE})
+                     for j in p.finetune)
+    return make_point(p.labels, PointSpec(p.pretrain_arg, {**p.overrides, **DRY_RUN_PRETRAIN},
+                                          finetune))
+  return dataclasses.replace(grid, points=tuple(shrink(p) for p in grid.points),
+                             title=grid.title + " [dry run]")

@@ -5,36 +5,53 @@ r"""One command per grid: run it (resumable), plan it, print launch commands, or
   bash run.sh python -m experiments.run --grid=norm_lr_warmup --action=plan    # points, FLOPs
   bash run.sh python -m experiments.run --grid=nsp_formats --scale=base \
       --action=launch --launcher=tpu_pod --data_source=tfds:wikipedia/20231101.en:text
+  bash run.sh python -m experiments.run --grid=all --scale=gpu --in_process  # bench/gpu_grids.sh
 
-Grids (experiments/grids.py): electra_vs_mlm, nsp_formats, norm_lr_warmup, static_vs_dynamic;
-each at --scale=demo (this repo's CPU reproductions) or --scale=base (BERT-base, for a TPU pod / GPU cluster).
-`run` executes unfinished points in order and skips finished ones: kill it at any time and run
-the same command again. The report goes to --out (default experiments/results/<grid>, where the
-committed demo results live).
+Grids (experiments/grids.py): electra_vs_mlm, nsp_formats, norm_lr_warmup, static_vs_dynamic,
+generator_size; each at --scale=demo (this repo's CPU reproductions), --scale=gpu (one
+H100/H200, ~9 min for the first four) or --scale=base (BERT-base, for a TPU pod / GPU cluster).
+--grid takes one name, a comma-separated list, or `all` (the four main grids; generator_size is
+named explicitly). `run` executes unfinished points in order and skips finished ones: kill it at
+any time and run the same command again. The report goes to --out (default
+experiments/results/<grid>, <grid>_gpu or <grid>_base, where committed results live).
 """
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from experiments import grids, report, runner  # noqa: E402
 
-_GRID = flags.DEFINE_enum("grid", None, sorted(grids.GRIDS), "The grid to work on.")
+_GRID = flags.DEFINE_list(
+    "grid", None, "The grid(s) to work on: one of " + ", ".join(grids.GRIDS) + ", several "
+    "comma-separated, or `all` (" + ", ".join(grids.GPU_GRIDS) + "), run one after the other.")
 _SCALE = flags.DEFINE_enum("scale", "demo", list(grids.SCALES),
-                           "demo: the CPU reproduction (demo corpus, tiny encoders); base: "
-                           "the BERT-base version for a pod or cluster.")
+                           "demo: the CPU reproduction (demo corpus, tiny encoders); gpu: one "
+                           "H100/H200 (ELECTRA-Small-sized, bf16, ~9 min for the four main "
+                           "grids); base: the BERT-base version for a pod or cluster.")
 _ACTION = flags.DEFINE_enum(
     "action", "run", ["run", "report", "plan", "launch", "status"],
     "run: execute unfinished points, then report. report: tables + plots from what is on "
     "disk. plan: points, steps, FLOPs and estimated accelerator time. launch: print one launch "
     "command per point (--launcher). status: each point's state.")
 _WORKDIR = flags.DEFINE_string("workdir", "", "Where points run (default "
-                               "experiments/runs/<grid>[_base]).")
+                               "experiments/runs/<grid>[_gpu|_base]). With several grids: the "
+                               "parent of one such folder per grid.")
 _OUT = flags.DEFINE_string("out", "", "Report directory (default experiments/results/<grid> "
-                           "for demo, experiments/results/<grid>_base for base).")
+                           "for demo, experiments/results/<grid>_gpu or _base otherwise). With "
+                           "several grids: the parent of one such folder per grid.")
+_IN_PROCESS = flags.DEFINE_bool(
+    "in_process", False, "run: call pre-training and fine-tuning as functions in this process "
+    "instead of one subprocess per job, so imports, device start-up and shared compiled "
+    "programs are paid once (what bench/gpu_grids.sh uses); same files, same resume rules.")
+_DRY_RUN = flags.DEFINE_bool(
+    "dry_run", False, "Shrink every point to a few CPU seconds (1 x 32 encoder, 3 steps, one "
+    "fine-tuning seed on 16 rows; experiments.grids.DRY_RUN_*) to check the commands end to "
+    "end. Runs and reports get a _dry_run suffix so real results are never overwritten.")
 _ONLY = flags.DEFINE_string("only", "", "Regular expression: work only on matching points "
                             "(names look like 'lr=0.001,warmup=0,norm=post').")
 _LAUNCHER = flags.DEFINE_enum("launcher", "local", list(runner.LAUNCHERS),
@@ -51,10 +68,13 @@ _KEEP_GOING = flags.DEFINE_bool("keep_going", False, "run: a failed point is rep
                                 "the next one starts (default: stop at the first failure).")
 _RERUN = flags.DEFINE_bool("rerun_changed", False, "run: redo points whose definition changed "
                            "since they ran (their old directory is deleted).")
-_DEVICE = flags.DEFINE_string("plan_device", "v4-32", "--action=plan: the slice to estimate "
-                              "time on (v4-N: N/2 chips of 275 TFLOP/s bf16).")
-_MFU = flags.DEFINE_float("plan_mfu", 0.45, "--action=plan: assumed model FLOPs utilisation "
-                          "(MaxText reports 46-71% on TPU; BERT-base at seq 128 sits lower).")
+_DEVICE = flags.DEFINE_string("plan_device", "", "--action=plan: the device to estimate time "
+                              "on: v4-N (N/2 chips of 275 TFLOP/s bf16) or h200 (one H100/H200, "
+                              "with experiments.grids' per-point start-up costs). Default: h200 "
+                              "for --scale=gpu, else v4-32.")
+_MFU = flags.DEFINE_float("plan_mfu", 0.0, "--action=plan: assumed model FLOPs utilisation; 0 "
+                          "= the device's default: 0.45 on v4 (MaxText reports 46-71% on TPU; "
+                          "BERT-base at seq 128 sits lower), experiments.grids.GPU_MFU on h200.")
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -67,9 +87,31 @@ def _duration(seconds: float) -> str:
   return f"{seconds:.2g} s" if seconds < 60 else f"{seconds / 60:.1f} min"
 
 
+def gpu_plan_lines(grid, mfu: float) -> list[str]:
+  """One H100/H200 in one process: training FLOPs at `mfu` plus the per-point and
+  per-fine-tuning-job costs of experiments.grids (GPU_POINT_S, GPU_FINETUNE_S)."""
+  rate = grids.GPU_PEAK_FLOPS * mfu
+  lines = [f"| point | steps | FLOPs/step | total FLOPs | est. time on one H200 (MFU {mfu:.0%} "
+           f"+ {grids.GPU_POINT_S:g} s a point + {grids.GPU_FINETUNE_S:g} s a fine-tuning "
+           "job) | fine-tuning |", "|---|---|---|---|---|---|"]
+  total_s = total_flops = 0.0
+  for p in grid.points:
+    seconds = (p.total_flops / rate + grids.GPU_POINT_S
+               + grids.GPU_FINETUNE_S * len(p.finetune))
+    total_s, total_flops = total_s + seconds, total_flops + p.total_flops
+    ft = ", ".join(f"{j.task}×{j.seeds}" for j in p.finetune) or "–"
+    lines.append(f"| {p.name} | {p.steps:,} | {p.flops_per_step:.3g} | {p.total_flops:.3g} | "
+                 f"{_duration(seconds)} | {ft} |")
+  lines.append(f"| **all** | | | {total_flops:.3g} | {_duration(total_s)} | |")
+  return lines
+
+
 def plan_lines(grid, device: str, mfu: float) -> list[str]:
+  if device == "h200":
+    return gpu_plan_lines(grid, mfu or grids.GPU_MFU)
+  mfu = mfu or 0.45
   if not device.startswith("v4-"):
-    raise app.UsageError(f"--plan_device={device!r}: only v4-N slices are tabulated.")
+    raise app.UsageError(f"--plan_device={device!r}: choose v4-N (a TPU slice) or h200.")
   chips = int(device.split("-")[1]) // 2  # v4-N counts TensorCores, two per chip
   peak = chips * 275e12
   lines = [f"| point | steps | FLOPs/step | total FLOPs | est. time on {device} "
@@ -85,27 +127,69 @@ def plan_lines(grid, device: str, mfu: float) -> list[str]:
   return lines
 
 
+def grid_names(values: list[str]) -> list[str]:
+  """--grid's names: `all` is grids.GPU_GRIDS; unknown names are refused with the choices."""
+  names = []
+  for v in values:
+    for name in (grids.GPU_GRIDS if v == "all" else [v]):
+      if name not in grids.GRIDS:
+        raise app.UsageError(f"--grid={v!r}: no such grid; choose from "
+                             f"{', '.join(grids.GRIDS)} or all.")
+      if name not in names:
+        names.append(name)
+  return names
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
   if not _GRID.value:
-    raise app.UsageError("--grid is required; one of " + ", ".join(sorted(grids.GRIDS)))
-  grid = grids.get_grid(_GRID.value, _SCALE.value, _DATA.value)
-  if _OVERRIDE.value:
-    if not _TAG.value:
-      raise app.UsageError("--override changes every point: name the variant with --tag.")
-    from experiments.grid import parse_override, with_overrides
-    grid = with_overrides(grid, dict(map(parse_override, _OVERRIDE.value)),
-                          name=f"{grid.name}_{_TAG.value}")
+    raise app.UsageError("--grid is required; one of " + ", ".join(grids.GRIDS) + " or all")
+  if _OVERRIDE.value and not _TAG.value:
+    raise app.UsageError("--override changes every point: name the variant with --tag.")
+  names = grid_names(_GRID.value)
+  from encoder_jax import cli  # before JAX is imported: in-process jobs share XLA's cache
+  cli.enable_compilation_cache()
+  if _IN_PROCESS.value:
+    from absl import logging  # the trainer's own progress lines are the output
+    logging.set_verbosity(logging.WARNING)
   suffix = "" if _SCALE.value == "demo" else f"_{_SCALE.value}"
-  workdir = _WORKDIR.value or os.path.join(_REPO, "experiments", "runs", grid.name + suffix)
-  out = _OUT.value or os.path.join(_REPO, "experiments", "results", grid.name + suffix)
-  points = grid.select(_ONLY.value)
+  suffix += "_dry_run" if _DRY_RUN.value else ""
+  several = len(names) > 1
+  t0, estimate = time.time(), 0.0
+  for name in names:
+    grid = grids.get_grid(name, _SCALE.value, _DATA.value)
+    if _OVERRIDE.value:
+      from experiments.grid import parse_override, with_overrides
+      grid = with_overrides(grid, dict(map(parse_override, _OVERRIDE.value)),
+                            name=f"{grid.name}_{_TAG.value}")
+    if _DRY_RUN.value:
+      grid = grids.dry_run(grid)
+    if _SCALE.value == "gpu" and not _DRY_RUN.value:
+      estimate += grids.gpu_seconds(grid)
+      print(f"{grid.name}: {len(grid.points)} points, estimated {_duration(grids.gpu_seconds(grid))}"
+            f" on one H200 (experiments.grids GPU_*; cumulative {_duration(estimate)} + "
+            f"{grids.GPU_STARTUP_S:g} s start-up)", flush=True)
+    dirname = grid.name + suffix
+    if several:
+      workdir = os.path.join(_WORKDIR.value or os.path.join(_REPO, "experiments", "runs"), dirname)
+      out = os.path.join(_OUT.value or os.path.join(_REPO, "experiments", "results"), dirname)
+    else:
+      workdir = _WORKDIR.value or os.path.join(_REPO, "experiments", "runs", dirname)
+      out = _OUT.value or os.path.join(_REPO, "experiments", "results", dirname)
+    run_one(grid, name, workdir, out)
+  if several:
+    print(f"{len(names)} grids in {_duration(time.time() - t0)}: {', '.join(names)}")
+
+
+def run_one(grid, name: str, workdir: str, out: str) -> None:
+  points = grid.select(_ONLY.value) if _ONLY.value else grid.points
   action = _ACTION.value
   if action == "plan":
+    device = _DEVICE.value or ("h200" if _SCALE.value == "gpu" else "v4-32")
     text = "\n".join([f"### {grid.title} ({_SCALE.value} scale)", "",
-                      *plan_lines(grid, _DEVICE.value, _MFU.value), "",
-                      "Launch: `python -m experiments.run --grid=" + _GRID.value + " --scale="
+                      *plan_lines(grid, device, _MFU.value), "",
+                      "Launch: `python -m experiments.run --grid=" + name + " --scale="
                       + _SCALE.value + " --action=launch --launcher=tpu_pod|slurm`"])
     print(text)
     os.makedirs(out, exist_ok=True)
@@ -119,7 +203,7 @@ def main(argv):
   else:
     if action == "run":
       runner.run_grid(grid, workdir, points=points, rerun_changed=_RERUN.value,
-                      keep_going=_KEEP_GOING.value)
+                      keep_going=_KEEP_GOING.value, in_process=_IN_PROCESS.value)
     files = report.write_report(grid, workdir, out, points if _ONLY.value else None)
     print((files["md"]).read_text())
     print("wrote " + ", ".join(str(f) for f in files.values()))

@@ -6,6 +6,14 @@ Layout under the grid's workdir (default experiments/runs/<grid>):
   <point>/*.log              each command's full output
   <point>/point.json         the point's definition (what ran), written before it starts
 
+In process (`run_grid(..., in_process=True)`, `experiments.run --in_process`): the same
+points and the same files, but pre-training and fine-tuning are called as functions in this
+process (encoder_jax.train.loop.train_and_evaluate, encoder_jax.finetune.run
+.finetune_and_evaluate) instead of one `python -m ...` per job. A GPU then pays the imports,
+CUDA start-up and XLA's autotuning once per grid run instead of three times per point, and
+programs shared between points (evaluation, fine-tuning) come from XLA's persistent cache.
+Each job's output still goes to its .log; the resume rules below are the same.
+
 Resume rules (`status`), checked before every command, so re-running the same grid command
 after a kill, a crash or a reboot continues where it stopped and never redoes finished work:
   * pre-training is finished when its summary.json says it stopped because of its step count
@@ -116,6 +124,108 @@ def _check_definition(pdir: pathlib.Path, point: Point, rerun_changed: bool) -> 
   path.write_text(json.dumps(record, indent=1) + "\n")
 
 
+class _LogTee:
+  """A stdout stand-in: every line goes to the job's log; progress lines are also echoed."""
+
+  def __init__(self, log_file, echo: Callable[[str], None]):
+    self.f, self.echo, self.buf = log_file, echo, ""
+    self.stdout = sys.stdout  # what `echo` prints to (print would come back here)
+
+  def write(self, text: str) -> int:
+    self.f.write(text)
+    self.buf += text
+    *lines, self.buf = self.buf.split("\n")
+    for line in lines:
+      if _is_progress(line):
+        redirected, sys.stdout = sys.stdout, self.stdout
+        try:
+          self.echo("    " + line.rstrip())
+        finally:
+          sys.stdout = redirected
+    return len(text)
+
+  def flush(self) -> None:
+    self.f.flush()
+
+
+class InProcess:
+  """Runs a point's jobs as function calls in this process (see the module docstring).
+
+  Returns exit codes as the subprocesses would: 0 done, 1 failed (the traceback is in the
+  log). A divergence writes its summary (stop_reason "non_finite") before raising, so the
+  runner records it as diverged exactly as with subprocesses."""
+
+  def __init__(self, echo: Callable[[str], None] = print):
+    self.echo = echo
+
+  def _call(self, what: str, fn: Callable[[], object], log: pathlib.Path) -> int:
+    import contextlib
+    import gc
+    import traceback
+    with open(log, "a") as f:
+      f.write(f"\n# in process: {what}\n")
+      f.flush()
+      try:
+        with contextlib.redirect_stdout(_LogTee(f, self.echo)):
+          fn()
+        return 0
+      except Exception as e:  # pylint: disable=broad-except
+        traceback.print_exc(file=f)
+        if not isinstance(e, FloatingPointError):  # divergence: reported by its summary
+          self.echo(f"    Error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+        return 1
+      finally:
+        gc.collect()  # drop the job's device buffers before the next one
+
+  def pretrain(self, point: Point, workdir) -> int:
+    """Pre-trains the point; SIGTERM (the trainer saves a checkpoint and returns) stops the
+    whole grid run with exit 0, as it would stop the subprocess, instead of starting the
+    next point."""
+    from encoder_jax.train import loop
+    pdir = point_dir(workdir, point)
+    code = self._call(shlex.join(pretrain_command(point, workdir, "python")),
+                      lambda: loop.train_and_evaluate(point.config(), str(pdir / "pretrain")),
+                      pdir / "pretrain.log")
+    summary = pdir / "pretrain" / "summary.json"
+    if code == 0 and json.loads(summary.read_text()).get("stop_reason") == "preempted":
+      self.echo(f"{point.name}: SIGTERM, its checkpoint saved; run the same command again to "
+                "resume")
+      raise SystemExit(0)
+    return code
+
+  def finetune(self, point: Point, job: FinetuneJob, workdir) -> int:
+    from encoder_jax.finetune.run import finetune_and_evaluate
+    pdir = point_dir(workdir, point)
+
+    def run():
+      config = finetune_config(point, job, workdir)
+      finetune_and_evaluate(config, str(pdir / job.dirname))
+      res = json.loads((pdir / job.dirname / "results.json").read_text())
+      scores = [r.get("test", {}).get("accuracy") for r in res.get("runs", [])]
+      print(f"| {job.task}: test accuracy per seed {scores}")  # echoed like the tables
+    return self._call(shlex.join(finetune_command(point, job, workdir, "python")), run,
+                      pdir / f"{job.dirname}.log")
+
+
+def finetune_config(point: Point, job: FinetuneJob, workdir):
+  """The ConfigDict finetune_command's flags build (configs/finetune.py + its overrides)."""
+  from configs import finetune as finetune_lib
+  cmd = finetune_command(point, job, workdir, "python")
+  arg = next(a for a in cmd if a.startswith("--config=")).partition(":")[2]
+  config = finetune_lib.get_config(arg)
+  config.seeds = job.seeds
+  for key, value in job.overrides.items():
+    *parents, leaf = key.split(".")
+    node = config
+    for part in parents:
+      node = node[part]
+    if leaf not in node:
+      raise ValueError(f"fine-tuning override {key}={value!r}: no such field in "
+                       "configs/finetune.py.")
+    node[leaf] = value
+  return config
+
+
 def _run_logged(cmd: Sequence[str], log: pathlib.Path, echo: Callable[[str], None]) -> int:
   """Runs cmd, appending its output to `log` and echoing its progress lines."""
   with open(log, "a") as f:
@@ -141,13 +251,29 @@ def _is_progress(line: str) -> bool:
 def run_grid(grid: Grid, workdir, *, points: Sequence[Point] | None = None,
              rerun_changed: bool = False, keep_going: bool = False,
              python: str = sys.executable, echo: Callable[[str], None] = print,
-             execute: Callable[[Sequence[str], pathlib.Path], int] | None = None) -> dict:
+             execute: Callable[[Sequence[str], pathlib.Path], int] | None = None,
+             in_process: bool = False) -> dict:
   """Runs every unfinished point in order; returns {point name: final status}.
 
-  `execute(cmd, log_path) -> exit code` replaces the subprocess call (tests)."""
+  `execute(cmd, log_path) -> exit code` replaces the subprocess call (tests); `in_process`
+  calls the trainer and fine-tuning as functions instead (see InProcess)."""
   workdir = pathlib.Path(workdir).resolve()
   points = list(points or grid.points)
+  if in_process and execute is not None:
+    raise ValueError("run_grid: give `execute` or in_process=True, not both.")
   execute = execute or (lambda cmd, log: _run_logged(cmd, log, echo))
+  inproc = InProcess(echo) if in_process else None
+
+  def pretrain(point: Point, pdir: pathlib.Path) -> int:
+    if inproc:
+      return inproc.pretrain(point, workdir)
+    return execute(pretrain_command(point, workdir, python), pdir / "pretrain.log")
+
+  def finetune(point: Point, job: FinetuneJob, pdir: pathlib.Path) -> int:
+    if inproc:
+      return inproc.finetune(point, job, workdir)
+    return execute(finetune_command(point, job, workdir, python), pdir / f"{job.dirname}.log")
+
   final, t0 = {}, time.time()
   for i, point in enumerate(points, 1):
     pdir = point_dir(workdir, point)
@@ -162,7 +288,7 @@ def run_grid(grid: Grid, workdir, *, points: Sequence[Point] | None = None,
          + (" (resuming)" if before == "partial" else "") + f"  [{_elapsed(t0)} elapsed]")
     try:
       if pretrain_state(pdir) in ("todo", "partial"):
-        code = execute(pretrain_command(point, workdir, python), pdir / "pretrain.log")
+        code = pretrain(point, pdir)
         state = pretrain_state(pdir)
         if state == "diverged":
           echo(f"{head}: diverged (non-finite loss); recorded, not fine-tuned")
@@ -175,7 +301,7 @@ def run_grid(grid: Grid, workdir, *, points: Sequence[Point] | None = None,
             continue
           echo(f"{head}: fine-tuning {job.task} ({job.seeds} seeds)")
           log = pdir / f"{job.dirname}.log"
-          code = execute(finetune_command(point, job, workdir, python), log)
+          code = finetune(point, job, pdir)
           if code != 0 or not finetune_done(pdir, job):
             raise RuntimeError(f"fine-tuning {point.name} on {job.task} failed (exit {code}); "
                                f"see {log}. Re-run the same command to resume.")

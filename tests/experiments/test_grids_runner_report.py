@@ -61,7 +61,7 @@ def test_electra_grid_is_at_equal_flops(scale):
     assert p.flops_per_step == flops_per_step(p.config())
   # ELECTRA's generator (1/4 width) and RTD head cost differ from MLM's: steps differ
   assert len({p.steps for p in g.points}) > 1
-  if scale == "demo":  # two pre-training seeds for the finding's arms, the demo recipe
+  if scale in ("demo", "gpu"):  # two pre-training seeds for the finding's arms, the demo recipe
     seeds = {o: sorted(int(p.labels["seed"]) for p in g.points if p.labels["objective"] == o)
              for o in objectives}
     assert seeds["mlm"] == seeds["electra"] == [0, 1] and seeds["replace_mlm"] == [0]
