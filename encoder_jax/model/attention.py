@@ -62,8 +62,8 @@ def alibi_bias(positions_BxT: jax.Array, num_heads: int) -> jax.Array:
 
 
 _HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-# Which implementation "auto" picks off GPU. bench/attention_paths.py measured the demo
-# recipe's CPU step with both (README "Performance"): no clear difference, so jax's XLA call.
+# Which implementation "auto" picks off GPU. bench/attention_paths.py timed the demo recipe's
+# CPU step with "xla" and "explicit" (README "Performance"): no clear difference, so jax's call.
 _AUTO_OFF_GPU = "xla"
 _warned: set[str] = set()
 
