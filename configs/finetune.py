@@ -71,7 +71,11 @@ def get_config(arg=None):
   c.random_like = "minilm"
   c.vocab = ""  # "": the HF folder's vocab.txt / the pre-training run's vocab / BERT uncased
   c.lowercase = True
-  # ModelConfig overrides: numerics for loaded encoders, also shapes for random ones.
+  # ModelConfig overrides: numerics for loaded encoders, also shapes for random ones. BERT's
+  # attention dropout 0.1 keeps the training step on the explicit attention path (it needs the
+  # probabilities); --config.model.attention_dropout=0.0 lets it use jax.nn.dot_product_attention
+  # (model.attention_impl: auto = cuDNN on a GPU in bf16/fp16, XLA elsewhere). The run logs
+  # the path at start-up.
   c.model = ml_collections.ConfigDict(dict(hidden_dropout=0.1, attention_dropout=0.1))
   c.pooling = "cls"  # classifier input: cls (BERT pooler) | mean (masked mean)
   c.dropout = True  # train mode (dropout on) while fine-tuning; independent of freezing

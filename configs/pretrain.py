@@ -15,6 +15,17 @@ Arguments after ':' are comma-separated key=value pairs (`runlocal` alone means 
              (default full_sentences without a sentence task, segment_pair with one)
   norm       post | pre: post-LN BERT block, or pre-LN with a final LayerNorm (default post;
              pre with runlocal)
+  dropout    bert | no_attention | none                  (default bert; none with runlocal)
+             bert: hidden and attention-probability dropout 0.1 (BERT, ELECTRA); dropping
+               attention probabilities needs them, so training runs the explicit einsum
+               attention, not jax.nn.dot_product_attention;
+             no_attention: hidden 0.1, attention 0 (MosaicBERT's choice, for its fused
+               kernel);
+             none: no dropout (Cramming; ModernBERT's defaults; the demo recipe).
+             With attention dropout 0 training uses jax.nn.dot_product_attention, which
+             model.attention_impl=auto (the default) runs with cuDNN flash attention on a GPU
+             in bf16/fp16 (precision=bf16) and with XLA elsewhere. The trainer
+             logs the path its step uses at start-up.
   runlocal   the demo recipe for a 2-core CPU (see `runlocal` below): leaves the unigram
              plateau in minutes
   precision  fp32 | bf16: bf16 computes activations and matmuls in bfloat16 while parameters,
@@ -38,6 +49,8 @@ import ml_collections
 from encoder_jax.model.config import SIZES, ModelConfig
 
 OBJECTIVES = ("mlm", "electra", "electra_15", "replace_mlm", "all_tokens_mlm")
+# (hidden_dropout, attention_dropout) of each `dropout` preset (see the module docstring).
+DROPOUTS = {"bert": (0.1, 0.1), "no_attention": (0.1, 0.0), "none": (0.0, 0.0)}
 SENTENCE_TASKS = ("none", "nsp", "sop")
 FORMATS = ("full_sentences", "doc_sentences", "segment_pair", "sentence_pair")
 _FLAGS = ("runlocal",)  # arguments that may be given bare ("runlocal" == "runlocal=True")
@@ -80,9 +93,11 @@ def model_config(size: str, norm: str) -> ml_collections.ConfigDict:
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   args = parse_arg(arg, size="tiny", objective="mlm", nsp="none", format="", norm="",
-                   runlocal="False", precision="fp32")
-  # pre-LN is part of the demo recipe (runlocal); BERT's post-LN otherwise.
+                   dropout="", runlocal="False", precision="fp32")
+  # pre-LN and no dropout are part of the demo recipe (runlocal); BERT's otherwise.
   args["norm"] = args["norm"] or ("pre" if args["runlocal"] == "True" else "post")
+  args["dropout"] = args["dropout"] or ("none" if args["runlocal"] == "True" else "bert")
+  hidden_dropout, attention_dropout = DROPOUTS[_choice("dropout", args["dropout"], DROPOUTS)]
   objective = _choice("objective", args["objective"], OBJECTIVES)
   task = _choice("nsp", args["nsp"], SENTENCE_TASKS)
   fmt = args["format"] or ("segment_pair" if task != "none" else "full_sentences")
@@ -99,6 +114,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # on TPU/GPU, one device on CPU. E.g. FSDP over a pod: --config.mesh=1,-1,1.
   config.mesh = "auto"
   config.model = model_config(args["size"], args["norm"])
+  # Attention dropout > 0 keeps training on the explicit attention path (see `dropout` above).
+  config.model.update(dict(hidden_dropout=hidden_dropout, attention_dropout=attention_dropout))
   # Mixed precision: model.dtype is the compute dtype, model.param_dtype (float32) the storage
   # dtype of parameters and hence of gradients and optimizer moments; losses are taken in fp32
   # (tests/train/test_bf16.py: losses track fp32's, parameters stay fp32).
@@ -188,7 +205,8 @@ def runlocal(config: ml_collections.ConfigDict) -> None:
       (16 heads: 19.0%, but 23% slower). ALiBi's steep heads attend to neighbours from step 0;
       the model otherwise spends millions of tokens learning that from its position table.
       position_init "sinusoidal": 18.7% vs 18.3% (within seed noise; free).
-    * pre-LN, no dropout, batch 8 x 128 tokens, AdamW lr 2e-3 (b2 0.98), 100 warm-up steps,
+    * pre-LN, no dropout (the `dropout=none` default with runlocal: training then uses
+      jax.nn.dot_product_attention), batch 8 x 128 tokens, AdamW lr 2e-3 (b2 0.98), 100 warm-up steps,
       linear decay: batch 32 at 2e-3 gave 11.4% and at 5e-3 9.1% (1.2M tokens); batch 16 at
       3e-3 17.3%, batch 4 at 1.5e-3 lower; lr 1.5e-3 17.8%, 3e-3 17.9%; b2 0.95 18.0%.
     * mask_rate 0.2 (80/10/10): 15% gave 17.8%, 25% 18.9%, 30% 18.4% (each scored at its own
@@ -203,8 +221,7 @@ def runlocal(config: ml_collections.ConfigDict) -> None:
   """
   if config.model.hidden_size % 8 == 0:
     config.model.num_heads = max(config.model.num_heads, 8)
-  config.model.update(dict(position_bias="alibi", position_init="sinusoidal",
-                           hidden_dropout=0.0, attention_dropout=0.0))
+  config.model.update(dict(position_bias="alibi", position_init="sinusoidal"))
   config.data.update(dict(vocab="demo", max_length=128, batch_size=8))
   config.objective.mask_rate = 0.2
   config.optim.update(dict(learning_rate=2e-3, b2=0.98, warmup_steps=100))

@@ -24,6 +24,7 @@ from encoder_jax.finetune import backbone as backbone_lib
 from encoder_jax.finetune import metrics as metrics_lib
 from encoder_jax.finetune import tasks as tasks_lib
 from encoder_jax.finetune import trainer
+from encoder_jax.model.attention import describe_attention
 from encoder_jax.model.config import SIZES, ModelConfig
 from encoder_jax.model.heads import pool
 
@@ -98,6 +99,9 @@ def finetune_and_evaluate(config, workdir: str) -> dict[str, Any]:
       random_vocab=random_vocab, cache_dir=config.cache_dir or None)
   logging.info("backbone %s: %d layers, d=%d, vocab %d", bb.source, bb.cfg.num_layers,
                bb.cfg.hidden_size, bb.cfg.vocab_size)
+  # The attention path of the fine-tuning step (dropout=False trains in eval mode: no dropout).
+  logging.info("%s", describe_attention(
+      bb.cfg if config.dropout else bb.cfg.replace(attention_dropout=0.0)))
   if config.max_length > bb.cfg.max_positions:
     raise ValueError(f"max_length={config.max_length} > the encoder's max_positions="
                      f"{bb.cfg.max_positions}; lower --config.max_length.")

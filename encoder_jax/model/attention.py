@@ -1,5 +1,8 @@
 """Bidirectional multi-head self-attention with key-padding and packed-segment masks.
 
+Which computation runs (the fused `jax.nn.dot_product_attention`, XLA or cuDNN, or the explicit
+einsum path that attention-probability dropout needs) is `attention_path`'s decision.
+
 Shapes in names: B batch, T query length, S key length, D hidden, N heads, H head dim.
 Masks are boolean, True = may attend.
 """
@@ -7,6 +10,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from absl import logging
 from flax import nnx
 
 from encoder_jax.model.config import ModelConfig
@@ -57,11 +61,72 @@ def alibi_bias(positions_BxT: jax.Array, num_heads: int) -> jax.Array:
   return -alibi_slopes(num_heads)[None, :, None, None] * dist_Bx1xTxS
 
 
+_HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+# Which implementation "auto" picks off GPU. bench/attention_paths.py timed the demo recipe's
+# CPU step with "xla" and "explicit" (README "Performance"): no clear difference, so jax's call.
+_AUTO_OFF_GPU = "xla"
+_warned: set[str] = set()
+
+
+def attention_path(impl: str, dtype, *, dropout_active: bool,
+                   backend: str | None = None) -> str:
+  """The attention computation a layer runs: "explicit" | "xla" | "cudnn".
+
+  `impl` is ModelConfig.attention_impl, `dtype` the compute dtype, `dropout_active` whether
+  attention-probability dropout is on (train mode and attention_dropout > 0), `backend` jax's
+  default backend unless given. Dropout on the probabilities needs them, and the fused call
+  does not expose them: "explicit" then, whatever `impl` says. "auto" is cuDNN on GPU in
+  bf16/fp16 (cuDNN flash attention has no fp32 kernel) and XLA elsewhere; a "cudnn" chosen by
+  "auto" still falls back to XLA at trace time where jax rejects the shapes (with a warning).
+  """
+  if dropout_active:
+    return "explicit"
+  if impl != "auto":
+    return impl
+  backend = backend or jax.default_backend()
+  if backend == "gpu":
+    return "cudnn" if jnp.dtype(dtype) in _HALF else "xla"
+  return _AUTO_OFF_GPU
+
+
+def describe_attention(cfg: ModelConfig, backend: str | None = None) -> str:
+  """One line for the start-up log: the attention path of the training and evaluation steps,
+  and why."""
+  backend = backend or jax.default_backend()
+  names = {"explicit": "explicit einsum + fp32 softmax",
+           "xla": "jax.nn.dot_product_attention (XLA)",
+           "cudnn": "jax.nn.dot_product_attention (cuDNN flash attention)"}
+  dtype = jnp.dtype(cfg.dtype).name
+  why = f"attention_impl={cfg.attention_impl} on {backend} in {dtype}"
+  drop = cfg.attention_dropout > 0
+  train = attention_path(cfg.attention_impl, cfg.dtype, dropout_active=drop, backend=backend)
+  evaluate = attention_path(cfg.attention_impl, cfg.dtype, dropout_active=False,
+                            backend=backend)
+  if drop:
+    train_why = (f"model.attention_dropout={cfg.attention_dropout} drops attention "
+                 "probabilities, which the fused call does not expose; attention_dropout=0 "
+                 "(configs/pretrain.py dropout=no_attention|none) lets training use "
+                 "jax.nn.dot_product_attention")
+  else:
+    train_why = f"model.attention_dropout={cfg.attention_dropout}, {why}"
+  line = f"attention: training step uses {names[train]} ({train_why})"
+  if evaluate != train:
+    line += f"; evaluation uses {names[evaluate]} ({why})"
+  if "cudnn" in (train, evaluate) and cfg.attention_impl == "auto":
+    line += "; XLA where jax rejects the shapes for cuDNN (a warning says so)"
+  return line
+
+
 class MultiHeadAttention(nnx.Module):
   """Fused-QKV self-attention; softmax in fp32; fully masked query rows output zeros.
 
   The QKV projection is one [D, 3, N, H] kernel (one matmul instead of three) sharded on the
   'heads' axis for tensor parallelism; the HF converter splits/stacks BERT's query/key/value.
+  The attention itself is `jax.nn.dot_product_attention` (XLA, or cuDNN flash attention on a
+  GPU in bf16/fp16) with the ALiBi bias as its `bias` and the padding/segment mask as its
+  `mask`, except while attention-probability dropout is on (train mode, attention_dropout > 0):
+  that runs the explicit einsum path, the same maths with the probabilities in hand. See
+  `attention_path`; tests/model/test_attention_impl.py checks both paths agree.
   """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -90,16 +155,8 @@ class MultiHeadAttention(nnx.Module):
     qkv_BxTx3xNxH = (jnp.einsum("btd,dcnh->btcnh", x_BxTxD, self.qkv_kernel[...].astype(dt))
                      + self.qkv_bias[...].astype(dt)[None, None])
     q_BxTxNxH, k_BxSxNxH, v_BxSxNxH = (qkv_BxTx3xNxH[:, :, i] for i in range(3))
-    if self.dropout.deterministic or self.dropout.rate == 0.0:
-      # jax.nn.dot_product_attention: XLA's attention (softmax in fp32) unless cuDNN flash
-      # attention is asked for (cfg.attention_impl); jax's own default is always XLA.
-      out_BxTxNxH = self._fused_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS,
-                                          bias_BxNxTxS)
-    else:
-      # Attention-probability dropout (BERT's attention_probs_dropout_prob) needs the
-      # probabilities, which the fused kernel does not expose: explicit path, same maths.
-      out_BxTxNxH = self._explicit_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS,
-                                             dropout_rng, bias_BxNxTxS)
+    out_BxTxNxH = self._attend(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS, dropout_rng,
+                               bias_BxNxTxS)
     # A query that may see no key at all (a row of pure padding) gets zeros, not an average of
     # padding values: defined, finite, and independent of what the padding holds.
     any_Bx1xTx1 = jnp.any(mask_Bx1xTxS, axis=-1, keepdims=True)
@@ -107,27 +164,43 @@ class MultiHeadAttention(nnx.Module):
     return (jnp.einsum("btnh,nhd->btd", out_BxTxNxH, self.out_kernel[...].astype(dt))
             + self.out_bias[...].astype(dt)[None, None])
 
-  def _fused_attention(self, q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS, bias_BxNxTxS=None):
-    impl = self.attention_impl
-    if impl == "auto":
-      impl = ("cudnn" if jax.default_backend() == "gpu"
-              and self.dtype in (jnp.bfloat16, jnp.float16) else "xla")
-    if impl == "cudnn":
-      # cuDNN takes the boolean mask as an additive bias ([B, 1, T, S]); any mask form works
-      # (key padding, packed segments). Shapes it rejects raise at trace time: "auto" then
-      # falls back to XLA, an explicit "cudnn" raises.
+  def _attend(self, q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS, dropout_rng=None,
+              bias_BxNxTxS=None):
+    """softmax(q k^T / sqrt(H) + bias, masked) v on the path `attention_path` picks; each path
+    runs under a named scope "attention_<path>" (visible in the jaxpr and the HLO metadata, so
+    tests can see which path a jitted step traced)."""
+    dropout_active = not self.dropout.deterministic and self.dropout.rate > 0.0
+    path = attention_path(self.attention_impl, self.dtype, dropout_active=dropout_active)
+    if path == "explicit":
+      with jax.named_scope("attention_explicit"):
+        return self._explicit_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS,
+                                        dropout_rng, bias_BxNxTxS)
+    if path == "cudnn":
+      # cuDNN adds the boolean mask to the bias (key padding and packed segments both work);
+      # ALiBi's fp32 bias is cast to the compute dtype, as cuDNN's kernels take one dtype.
+      # Shapes it rejects raise at trace time: "auto" then falls back to XLA, an explicit
+      # "cudnn" raises.
+      bias_cudnn = None if bias_BxNxTxS is None else bias_BxNxTxS.astype(q_BxTxNxH.dtype)
       try:
-        return jax.nn.dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, bias=bias_BxNxTxS,
-                                            mask=mask_Bx1xTxS, implementation="cudnn")
-      except (NotImplementedError, RuntimeError, ValueError):
+        with jax.named_scope("attention_cudnn"):
+          return jax.nn.dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH,
+                                              bias=bias_cudnn, mask=mask_Bx1xTxS,
+                                              implementation="cudnn")
+      except (NotImplementedError, RuntimeError, ValueError) as err:
         if self.attention_impl == "cudnn":
           raise
-    return jax.nn.dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, bias=bias_BxNxTxS,
-                                        mask=mask_Bx1xTxS)
+        msg = f"attention_impl=auto: cuDNN rejected this attention ({err}); using XLA."
+        if msg not in _warned:
+          _warned.add(msg)
+          logging.warning(msg)
+    with jax.named_scope("attention_xla"):
+      return jax.nn.dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, bias=bias_BxNxTxS,
+                                          mask=mask_Bx1xTxS, implementation="xla")
 
   def _explicit_attention(self, q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS, dropout_rng,
                           bias_BxNxTxS=None):
-    if dropout_rng is None:
+    dropout_active = not self.dropout.deterministic and self.dropout.rate > 0.0
+    if dropout_active and dropout_rng is None:
       raise ValueError("MultiHeadAttention is in train mode with attention_dropout > 0 but no "
                        "dropout_rng was given; pass dropout_rng or call model.eval().")
     scale = 1.0 / jnp.sqrt(jnp.float32(q_BxTxNxH.shape[-1]))
@@ -138,5 +211,6 @@ class MultiHeadAttention(nnx.Module):
     logits_BxNxTxS = jnp.where(mask_Bx1xTxS, logits_BxNxTxS,
                                jnp.finfo(jnp.float32).min)
     probs_BxNxTxS = jax.nn.softmax(logits_BxNxTxS, axis=-1).astype(self.dtype)
-    probs_BxNxTxS = self.dropout(probs_BxNxTxS, rngs=dropout_rng)
+    if dropout_active:
+      probs_BxNxTxS = self.dropout(probs_BxNxTxS, rngs=dropout_rng)
     return jnp.einsum("bnts,bsnh->btnh", probs_BxNxTxS, v_BxSxNxH)

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
-ATTENTION_IMPLS = ("xla", "cudnn", "auto")
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "explicit")
 POSITION_INITS = ("normal", "sinusoidal")
 POSITION_BIASES = ("none", "alibi")
 
@@ -43,11 +43,18 @@ class ModelConfig:
   param_dtype: str = "float32"  # storage dtype of the parameters
   scan_layers: bool = True  # nnx.scan over stacked blocks (fast compile) vs an unrolled list
   remat_policy: str = "none"  # rematerialisation of each block: none | full | dots | dots_no_batch
-  # jax.nn.dot_product_attention's implementation when no attention-probability dropout is
-  # active: "xla" (any device), "cudnn" (flash attention; GPU, bf16/fp16, errors otherwise) or
-  # "auto" (cudnn on GPU in bf16/fp16 when jax accepts the shapes, else xla). jax itself never
-  # picks cuDNN: its default (None) is XLA. bench/gpu.py measures both on a GPU.
-  attention_impl: str = "xla"
+  # How attention is computed (encoder_jax.model.attention.attention_path decides, and the
+  # trainer logs the choice at start-up). Attention-probability dropout (attention_dropout > 0
+  # in train mode, BERT's 0.1) needs the probabilities, which the fused call does not expose:
+  # training then always runs the explicit path, whatever this says. Otherwise:
+  #   "auto"      cuDNN flash attention on GPU in bf16/fp16 (XLA if jax rejects the shapes),
+  #               XLA elsewhere (CPU, TPU, GPU in fp32);
+  #   "xla"       jax.nn.dot_product_attention's XLA implementation (any device);
+  #   "cudnn"     jax.nn.dot_product_attention with cuDNN flash attention (GPU, bf16/fp16;
+  #               raises where it cannot run instead of falling back);
+  #   "explicit"  the einsum + fp32 softmax path (what dropout forces), even without dropout.
+  # jax itself never picks cuDNN (its default is XLA). bench/gpu.py measures both on a GPU.
+  attention_impl: str = "auto"
   pad_token_id: int = 0
   # How the learned absolute position table starts: "normal" (BERT: truncated normal of
   # initializer_range) or "sinusoidal" (Vaswani et al.'s sin/cos table at the same scale;
@@ -75,7 +82,8 @@ class ModelConfig:
           f"ModelConfig.position_bias={self.position_bias!r}; use one of {POSITION_BIASES}.")
     if self.attention_impl not in ATTENTION_IMPLS:
       raise ValueError(
-          f"ModelConfig.attention_impl={self.attention_impl!r}; use one of {ATTENTION_IMPLS}.")
+          f"ModelConfig.attention_impl={self.attention_impl!r} (--config.model.attention_impl);"
+          f" use one of {ATTENTION_IMPLS}.")
     for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "ffn_size",
                  "max_positions"):
       if getattr(self, name) <= 0:

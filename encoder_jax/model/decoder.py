@@ -42,8 +42,8 @@ class CrossAttention(MultiHeadAttention):
 
   Keys and values come from one fused [M, 2, N, H] kernel (one matmul over the memory, as the
   self-attention fuses Q, K and V), queries from a [D, N, H] kernel; both sharded on 'heads'.
-  The attention itself is MultiHeadAttention's: `jax.nn.dot_product_attention` (its
-  `attention_impl`) unless attention-probability dropout is on (explicit fp32 softmax), and a
+  The attention itself is MultiHeadAttention's (`attention_path`): `jax.nn.dot_product_attention`
+  unless attention-probability dropout is on (explicit fp32 softmax), and a
   query that may see no memory slot (a row of pure padding) outputs zeros.
   """
 
@@ -75,11 +75,7 @@ class CrossAttention(MultiHeadAttention):
                     + self.kv_bias[...].astype(dt)[None, None])
     k_BxSxNxH, v_BxSxNxH = kv_BxSx2xNxH[:, :, 0], kv_BxSx2xNxH[:, :, 1]
     mask_Bx1xTxS = make_memory_mask(memory.mask_BxT, x_BxTxD.shape[1])
-    if self.dropout.deterministic or self.dropout.rate == 0.0:
-      out_BxTxNxH = self._fused_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS)
-    else:
-      out_BxTxNxH = self._explicit_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS,
-                                             dropout_rng)
+    out_BxTxNxH = self._attend(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS, dropout_rng)
     # No real memory slot (an empty source): zeros, never an average of padding.
     any_Bx1x1x1 = jnp.any(memory.mask_BxT, axis=-1)[:, None, None, None]
     out_BxTxNxH = jnp.where(any_Bx1x1x1, out_BxTxNxH, 0)

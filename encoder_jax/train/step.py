@@ -17,8 +17,10 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from absl import logging
 from flax import nnx
 
+from encoder_jax.model.attention import describe_attention
 from encoder_jax.model.bert import BertForPreTraining
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.model.electra import ElectraModel, generator_config
@@ -199,8 +201,10 @@ def create(cfg: ModelConfig, obj: ObjectiveConfig, tx: optax.GradientTransformat
   """Returns the Trainer and a function that builds the initial TrainState.
 
   The init function is pure (jit it with out_shardings to initialise directly sharded; see
-  encoder_jax.train.state). Parameters are initialised from `seed` only.
+  encoder_jax.train.state). Parameters are initialised from `seed` only. Logs which attention
+  computation the training and evaluation steps will trace, and why (model.attention_path).
   """
+  logging.info("%s", describe_attention(cfg))
   abstract = nnx.eval_shape(lambda: build_model(cfg, obj, rngs=nnx.Rngs(seed)))
   abstract.eval()
   graphdef_eval, _ = nnx.split(abstract, nnx.Param)
@@ -233,13 +237,19 @@ def static_keys(tr: Trainer, batch) -> jax.Array | None:
                           dupe_factor=tr.obj.dupe_factor)
 
 
+def train_loss(tr: Trainer, params, step: jax.Array, batch
+               ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """(loss, metrics) of `params` on `batch` at `step` in train mode (dropout on): exactly what
+  the train step differentiates."""
+  model = nnx.merge(tr.graphdef_train, params)
+  return loss_and_metrics(model, batch, step_key(tr.seed, step), tr.obj, train=True,
+                          mask_keys_B=static_keys(tr, batch))
+
+
 def make_train_step(tr: Trainer, state_shardings=None, batch_shardings=None):
   """jit(state, batch) -> (state, metrics), donating the old state."""
   def train_step(state: TrainState, batch):
-    def loss_fn(params):
-      model = nnx.merge(tr.graphdef_train, params)
-      return loss_and_metrics(model, batch, step_key(tr.seed, state.step), tr.obj, train=True,
-                              mask_keys_B=static_keys(tr, batch))
+    loss_fn = lambda params: train_loss(tr, params, state.step, batch)
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = tr.tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)

@@ -40,6 +40,24 @@ def test_norm_and_bad_args():
     pretrain.get_config("objective")
 
 
+@pytest.mark.parametrize("arg,dropouts,train_path", [
+    ("", (0.1, 0.1), "explicit einsum"),  # BERT's recipe
+    ("dropout=no_attention", (0.1, 0.0), "jax.nn.dot_product_attention"),
+    ("dropout=none", (0.0, 0.0), "jax.nn.dot_product_attention"),
+    ("runlocal", (0.0, 0.0), "jax.nn.dot_product_attention"),  # the demo recipe
+    ("runlocal,dropout=bert", (0.1, 0.1), "explicit einsum"),
+])
+def test_dropout_presets_and_the_attention_path_they_train_with(arg, dropouts, train_path):
+  from encoder_jax.model.attention import describe_attention
+  cfg = to_model_config(pretrain.get_config(arg))
+  assert (cfg.hidden_dropout, cfg.attention_dropout) == dropouts
+  assert cfg.attention_impl == "auto"
+  line = describe_attention(cfg, "cpu")
+  assert train_path in line.partition(";")[0], line
+  with pytest.raises(ValueError, match=r"dropout='mosaic'.*'bert', 'no_attention', 'none'"):
+    pretrain.get_config("dropout=mosaic")
+
+
 def test_cli_overrides(tmp_path):
   # config_flags registers the --config.a.b override flags while absl's app.run parses argv;
   # run it the way users do, in a fresh process.
