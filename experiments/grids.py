@@ -442,14 +442,26 @@ DRY_RUN_PRETRAIN = {
 DRY_RUN_FINETUNE = {"max_train_examples": 16, "max_eval_examples": 16, "epochs": 1}
 
 
+# Axes whose values change only numbers inside a point's program (the seed, the peak learning
+# rate), never the code it runs: the dry run keeps the first point of each such family.
+DRY_RUN_SHARED_AXES = ("seed", "lr")
+
+
 def dry_run(grid: Grid) -> Grid:
-  """`grid` with every point shrunk to a few CPU seconds (DRY_RUN_*): same names and axes, so
-  the runner, the in-process executor and the report are exercised end to end."""
+  """`grid` shrunk to a few CPU seconds per point (DRY_RUN_*) with one point per code path
+  (points that differ only in DRY_RUN_SHARED_AXES are dropped after the first): names and
+  axes unchanged, so the runner, the in-process executor and the report are exercised end to
+  end. Each point costs mostly its compiles, so this keeps the whole dry run in CI time."""
   def shrink(p: Point) -> Point:
     finetune = tuple(dataclasses.replace(j, seeds=1, overrides={**j.overrides,
                                                                 **DRY_RUN_FINETUNE})
                      for j in p.finetune)
     return make_point(p.labels, PointSpec(p.pretrain_arg, {**p.overrides, **DRY_RUN_PRETRAIN},
                                           finetune))
-  return dataclasses.replace(grid, points=tuple(shrink(p) for p in grid.points),
-                             title=grid.title + " [dry run]")
+  seen, points = set(), []
+  for p in grid.points:
+    family = tuple((k, v) for k, v in p.labels.items() if k not in DRY_RUN_SHARED_AXES)
+    if family not in seen:
+      seen.add(family)
+      points.append(shrink(p))
+  return dataclasses.replace(grid, points=tuple(points), title=grid.title + " [dry run]")
