@@ -149,6 +149,22 @@ class Loader:
     return BatchIterator(self)
 
 
+def batch_spec(example: examples.ExampleConfig, global_batch_size: int,
+               example_ids: bool = False) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+  """{key: (shape, dtype)} of the global batches `pretrain_loader` yields for these settings
+  (the table in the module docstring), without building a corpus: what an ahead-of-time
+  compile of the train step needs (encoder_jax.train.compile_check)."""
+  B, T = global_batch_size, example.max_length
+  spec = {k: ((B, T), np.dtype(np.int32))
+          for k in ("input_ids", "token_types", "segment_ids", "positions")}
+  spec |= {k: ((B, T), np.dtype(bool)) for k in ("mask", "word_starts")}
+  if example.nsp or example.sop:
+    spec["nsp_label"] = ((B,), np.dtype(np.int32))
+  if example_ids:
+    spec |= {k: ((B,), np.dtype(np.int32)) for k in ("example_id", "epoch")}
+  return spec
+
+
 def pretrain_loader(source: str = "demo", vocab: str = "minilm", split: str = "train",
                     example: examples.ExampleConfig = examples.ExampleConfig(),
                     global_batch_size: int = 32, seed: int = 0, num_epochs: int | None = None,
