@@ -160,12 +160,37 @@ def measured_cpu_matmul_peak(n: int = 2048, repeats: int = 5) -> float:
   return 2.0 * n ** 3 / statistics.median(times)
 
 
+def peak_of_mesh(mesh, peak_per_device: float = 0.0) -> tuple[int, float, str]:
+  """(devices the MFU is counted over, peak FLOP/s of each, their kind) for a step on `mesh`.
+
+  TPU/GPU: every device of the mesh, at the spec-sheet peak of its kind (the kind the step
+  really runs on, not jax.devices()[0]'s). CPU: fake devices share their host's cores and the
+  peak is measured for the whole host, so the count is the number of processes (hosts) in the
+  mesh. `peak_per_device` > 0 overrides the peak (config.train.peak_flops).
+  """
+  devices = list(mesh.devices.flat)
+  kind = devices[0].device_kind
+  if devices[0].platform == "cpu":
+    n = len({d.process_index for d in devices})
+  else:
+    n = len(devices)
+  return n, peak_per_device or peak_flops_per_device(kind), kind
+
+
+def throughput(flops_per_step: float, step_time_s: float, n_devices: int,
+               peak_per_device: float) -> dict[str, float]:
+  """Global FLOP/s, FLOP/s per device and MFU over all `n_devices` (see peak_of_mesh)."""
+  flops_per_s = flops_per_step / step_time_s
+  return {"flops_per_s": flops_per_s, "flops_per_s_per_device": flops_per_s / n_devices,
+          "mfu": mfu(flops_per_step, step_time_s, n_devices, peak_per_device)}
+
+
 def mfu(flops_per_step: float, step_time_s: float, n_devices: int, peak_per_device: float
         ) -> float:
   """Model FLOPs utilisation: flops_per_step / (step_time_s * n_devices * peak_per_device).
 
-  On CPU the measured peak is the whole host's (all fake devices share the same cores), so
-  pass n_devices=1 there.
+  flops_per_step is the global step's (all devices); n_devices and peak_per_device come from
+  peak_of_mesh (on CPU the measured peak is the whole host's, so n_devices counts hosts).
   """
   if step_time_s <= 0 or n_devices < 1 or peak_per_device <= 0:
     raise ValueError(f"step_time_s={step_time_s}, n_devices={n_devices} and peak_per_device="

@@ -337,11 +337,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     record = recovery.ConfigRecord(config, workdir, start, _say)
 
     num_params = sum(x.size for x in jax.tree.leaves(state.params))
-    peak = t.peak_flops or flops_lib.peak_flops_per_device(jax.devices()[0].device_kind)
+    # MFU over every device the step runs on, at the peak of their kind (flops.peak_of_mesh).
+    n_peak, peak, kind = flops_lib.peak_of_mesh(mesh, t.peak_flops)
     _say(f"{s.obj.objective} ({s.obj.sentence_task}) | {num_params:,} params | "
          f"batch {config.data.batch_size} x {config.data.max_length} | "
-         f"{s.flops_per_step:.3g} FLOPs/step | peak {peak / 1e9:.1f} GFLOP/s "
-         f"({jax.devices()[0].device_kind}) | steps {start} -> {s.end_step} ({s.planned_stop})")
+         f"{s.flops_per_step:.3g} FLOPs/step | peak {n_peak} x {peak / 1e9:.1f} GFLOP/s "
+         f"({kind}{', measured per host' if mesh.devices.flat[0].platform == 'cpu' else ''}) | "
+         f"steps {start} -> {s.end_step} ({s.planned_stop})")
 
     train_step = step_lib.make_train_step(s.trainer, state_shardings,
                                           sharding.batch_sharding(mesh))
@@ -379,8 +381,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
         perf["steady_s"] += dt
         perf["steady_steps"] += n
         scalars |= dict(step_time_s=dt / n, tokens_per_s=n * s.tokens_per_step / dt,
-                        flops_per_s=n * s.flops_per_step / dt,
-                        mfu=flops_lib.mfu(s.flops_per_step, dt / n, 1, peak))
+                        **flops_lib.throughput(s.flops_per_step, dt / n, n_peak, peak))
       scalars["cumulative_flops"] = step * s.flops_per_step
       step_time = perf["steady_s"] / perf["steady_steps"] if perf["steady_steps"] else math.nan
       writer.write(step, "train", scalars)
@@ -498,7 +499,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
       tokens_per_s=steps_per_s * s.tokens_per_step if steady else None,
       flops_per_step=s.flops_per_step, cumulative_flops=step * s.flops_per_step,
       flops_per_s=steps_per_s * s.flops_per_step if steady else None,
-      mfu=steps_per_s * s.flops_per_step / peak if steady else None, peak_flops=peak,
+      mfu=steps_per_s * s.flops_per_step / (n_peak * peak) if steady else None,
+      peak_flops=peak, peak_devices=n_peak,
       num_params=num_params,
       final_train_loss=last["train"].get("loss"), final_eval_loss=last["eval"].get("loss"),
       final_train=last["train"], final_eval=last["eval"], unigram_entropy=unigram_h,

@@ -144,8 +144,11 @@ def progress_line(step: int, total: int, scalars: Mapping[str, float], *, eta_s:
   parts = [f"step {step:>{width}d}/{total}"]
   parts.append(" ".join(f"{k} {scalars[k]:.4g}" for k in _PROGRESS_KEYS if k in scalars))
   if "tokens_per_s" in scalars:
-    parts.append(f"{_si(scalars['tokens_per_s'])} tok/s {_si(scalars['flops_per_s'])}FLOP/s "
-                 f"MFU {100 * scalars['mfu']:.1f}%")
+    per_device = scalars.get("flops_per_s_per_device")
+    parts.append(f"{_si(scalars['tokens_per_s'])} tok/s {_si(scalars['flops_per_s'])}FLOP/s"
+                 + ("" if per_device is None or per_device == scalars["flops_per_s"] else
+                    f" ({_si(per_device)}FLOP/s/device)")
+                 + f" MFU {100 * scalars['mfu']:.1f}%")
   parts.append(f"FLOPs {scalars.get('cumulative_flops', 0.0):.3g}")
   parts.append(f"ETA {format_duration(eta_s)}")
   return " | ".join(parts)

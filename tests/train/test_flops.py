@@ -113,3 +113,36 @@ def test_measured_cpu_peak_is_positive_and_cached():
   first = flops.measured_cpu_matmul_peak(256, 3)
   assert 1e8 < first < 1e14
   assert flops.measured_cpu_matmul_peak(256, 3) == first
+
+
+class _Device:
+  """Stands in for a jax Device of another platform (this machine has only CPUs)."""
+
+  def __init__(self, i: int, platform: str, kind: str, per_host: int):
+    self.id, self.platform, self.device_kind, self.process_index = i, platform, kind, i // per_host
+
+
+def test_mfu_counts_every_device_of_the_mesh_at_its_kinds_peak():
+  import types
+
+  import jax
+  import numpy as np
+
+  from encoder_jax.train import sharding
+
+  # 8 fake CPU devices in one process share the host's cores: its measured peak counts once.
+  mesh = sharding.make_mesh((2, 2, 2), jax.devices()[:8])
+  assert flops.peak_of_mesh(mesh, peak_per_device=1e11) == (1, 1e11, jax.devices()[0].device_kind)
+  # 2 hosts x 4 CPU devices: two measured host peaks.
+  cpu2 = types.SimpleNamespace(devices=np.array([_Device(i, "cpu", "cpu", 4) for i in range(8)]))
+  assert flops.peak_of_mesh(cpu2, peak_per_device=1e11)[:2] == (2, 1e11)
+  # 8 TPU v4 chips on 2 hosts: every chip at 275 TFLOP/s bf16, whatever jax.devices()[0] is.
+  tpu = types.SimpleNamespace(devices=np.array(
+      [_Device(i, "tpu", "TPU v4", 4) for i in range(8)]).reshape(2, 2, 2))
+  n, peak, kind = flops.peak_of_mesh(tpu)
+  assert (n, peak, kind) == (8, 275e12, "TPU v4")
+  # A global step of 1.1e15 FLOPs every second on that slice: half its 2.2e15 FLOP/s peak.
+  t = flops.throughput(1.1e15, 1.0, n, peak)
+  assert t["flops_per_s"] == pytest.approx(1.1e15)
+  assert t["flops_per_s_per_device"] == pytest.approx(1.1e15 / 8)
+  assert t["mfu"] == pytest.approx(0.5)
