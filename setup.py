@@ -1,7 +1,7 @@
 """encoder_jax: BERT / RoBERTa / ELECTRA encoder pre-training in JAX + Flax NNX.
 
 Versions are pinned to a set that installs together on Python 3.11 with `pip check` clean
-(see README, "Versions"). Flax NNX's API moves between minor releases, so do not loosen the
+(README, "Decisions a successor needs"). Flax NNX's API moves between minor releases, so do not loosen the
 flax pin without running the test-suite.
 """
 from setuptools import find_packages, setup
@@ -43,7 +43,10 @@ setup(
     version="0.1.0",
     description="BERT-style encoder pre-training (MLM, ELECTRA, NSP) in JAX/Flax NNX",
     python_requires=">=3.11",
-    packages=find_packages(include=["encoder_jax", "encoder_jax.*"]),
+    # configs/, experiments/ and bench/ are packages too, so `from configs import pretrain`
+    # works from any directory once installed (no sys.path edits).
+    packages=find_packages(include=["encoder_jax", "encoder_jax.*", "configs", "experiments",
+                                    "bench"]),
     install_requires=INSTALL_REQUIRES,
     extras_require={"test": TEST_REQUIRES},
     entry_points={"console_scripts": ["encoder-jax=encoder_jax.main:run"]},

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import os
 import statistics
-import sys
 import time
 
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _IMPLS = flags.DEFINE_list("impls", ["xla", "explicit"], "attention_impl values to time.")
 _ARG = flags.DEFINE_string("arg", "runlocal", "configs/pretrain.py argument.")
@@ -32,6 +30,7 @@ def build(impl: str):
   import jax
   import numpy as np
   from configs import pretrain
+  from encoder_jax.objectives import pretraining
   from encoder_jax.train import loop, step as step_lib
   from encoder_jax.train.optim import OptimConfig, build_optimizer
   config = pretrain.get_config(_ARG.value)
@@ -40,7 +39,7 @@ def build(impl: str):
   o, t = config.objective, config.data.max_length
   obj = step_lib.ObjectiveConfig(
       objective=o.objective, vocab_size=_VOCAB.value, mask_id=4, special_ids=(0, 1, 2, 3, 4),
-      mask_rate=o.mask_rate, max_predictions=loop.default_max_predictions(
+      mask_rate=o.mask_rate, max_predictions=pretraining.default_max_predictions(
           o.objective, o.mask_rate, t))
   od = config.optim.to_dict()
   od["total_steps"] = config.train.steps

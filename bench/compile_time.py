@@ -22,7 +22,6 @@ import time
 
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _SIZE = flags.DEFINE_string("size", "base", "Model size.")
 _BATCH = flags.DEFINE_integer("batch_size", 8, "Batch size.")

@@ -24,11 +24,9 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
 import time
 import traceback
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 VOCAB_SIZE = 30522
 

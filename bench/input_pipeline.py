@@ -10,14 +10,12 @@ counts B*T. Also times tokenization (HF tokenizers over the corpus sentences). W
 the loader's headroom ratio (target >= 5x).
 """
 import statistics
-import sys
 import time
 
 from absl import app, flags
 import numpy as np
 
-sys.path.insert(0, ".")  # run from the repository root without installing
-from encoder_jax.data import builders, examples, pipeline, sources, tokenizer  # noqa: E402
+from encoder_jax.data import builders, examples, pipeline, sources, tokenizer
 
 _MAX_LENGTH = flags.DEFINE_integer("max_length", 128, "Tokens per row.")
 _BATCH = flags.DEFINE_integer("batch_size", 32, "Global batch size (one host).")

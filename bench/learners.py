@@ -113,6 +113,7 @@ class OursLearner:
     """What the real step corrupts batch 1 into: `loss_and_metrics` (the step's own code) runs
     with the step's key for step 0 around a stand-in model that hands back what it is given
     (masks do not depend on the model, so no forward pass is needed)."""
+    from encoder_jax.objectives import pretraining
     jax, jnp = self.jax, self.jax.numpy
     vocab_size = tr.obj.vocab_size
 
@@ -123,8 +124,8 @@ class OursLearner:
         seen.update(ids=ids_BxT, positions=mlm_positions_BxP)
         return jnp.zeros(mlm_positions_BxP.shape + (vocab_size,), jnp.float32), None, None
 
-      _, m = step_lib.loss_and_metrics(model, batch, key, tr.obj, train=False,
-                                       mask_keys_B=step_lib.static_keys(tr, batch))
+      _, m = pretraining.loss_and_metrics(model, batch, key, tr.obj, train=False,
+                                          mask_keys_B=step_lib.static_keys(tr, batch))
       return seen["ids"], seen["positions"], m["mlm_count"]
 
     key = step_lib.step_key(tr.seed, int(self.state.step))

@@ -37,8 +37,7 @@ import time
 from absl import app, flags
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench import learners, systems  # noqa: E402
+from bench import learners, systems
 
 _SIZE = flags.DEFINE_string("size", "tiny", "Model size (encoder_jax SIZES key); post-LN.")
 _STEPS = flags.DEFINE_integer("steps", 800, "Training steps of the same-recipe runs (also the "

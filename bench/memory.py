@@ -15,13 +15,10 @@ Two views:
 """
 from __future__ import annotations
 
-import os
-import sys
 
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench import compile_time, systems  # noqa: E402
+from bench import compile_time, systems
 
 _SIZE = flags.DEFINE_string("size", "base", "Model size.")
 _BATCH = flags.DEFINE_integer("batch_size", 8, "Batch size.")

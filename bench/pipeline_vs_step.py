@@ -12,16 +12,13 @@ inverse of this ratio).
 """
 from __future__ import annotations
 
-import os
 import statistics
-import sys
 import time
 
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench import input_pipeline as ip  # noqa: E402  (defines the loader's flags)
-from bench import systems  # noqa: E402
+from bench import input_pipeline as ip
+from bench import systems
 
 _SIZE = flags.DEFINE_string("size", "mini", "Model size of the step.")
 _FORMATS = flags.DEFINE_list("formats", list(ip.FORMATS), "Loader formats (input_pipeline).")

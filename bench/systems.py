@@ -24,8 +24,6 @@ from typing import Any
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-  sys.path.insert(0, REPO)  # run from anywhere without installing
 
 VOCAB_SIZE = 30522  # BERT uncased (the demo corpus is tokenised with MiniLM's = BERT's vocab)
 SYSTEMS = ("ours", "hf")

@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import os
 import statistics
-import sys
 import time
 
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench import systems  # noqa: E402
-from configs import pretrain as pretrain_config  # noqa: E402
+from bench import systems
+from configs import pretrain as pretrain_config
 
 # The remat policy users train with (configs/pretrain.py), read rather than restated.
 _CONFIG_REMAT = pretrain_config.model_config("base", "post").remat_policy

@@ -32,9 +32,10 @@ Arguments after ':' (comma-separated key=value):
          examples, 1 epoch: a smoke test)
 Any leaf can be overridden: --config.epochs=2 --config.max_length=64.
 """
-import re
 
 import ml_collections
+
+from configs import parse_arg
 
 # Per-task defaults that differ from the shared ones below (BERT paper, appendix A.3: batch
 # 32, lr in {5e-5, 3e-5, 2e-5}, 2-4 epochs; SQuAD: 384 tokens, doc stride 128, 2 epochs).
@@ -46,23 +47,8 @@ _TASK_DEFAULTS = {
 }
 
 
-def parse_arg(arg, **defaults):
-  """'task=brown_pos,init=ckpt:<dir>' -> dict over defaults. A comma starts a new pair only
-  before a known key, so a checkpoint path may hold commas (grid point folders such as
-  `objective=mlm,seed=0` do)."""
-  out = dict(defaults)
-  keys = "|".join(map(re.escape, defaults))
-  for part in filter(None, re.split(rf",(?=(?:{keys})=)", arg or "")):
-    key, sep, value = part.partition("=")
-    if not sep or key not in defaults or ("," in value and key != "init"):
-      raise ValueError(f"Bad config argument {part!r}: use key=value with key in "
-                       f"{sorted(defaults)}.")
-    out[key] = value
-  return out
-
-
 def get_config(arg=None):
-  args = parse_arg(arg, task="rotten_tomatoes", init="minilm", run="full")
+  args = parse_arg(arg, commas_in=("init",), task="rotten_tomatoes", init="minilm", run="full")
   c = ml_collections.ConfigDict()
   c.task = args["task"]
   c.init = args["init"]  # minilm | hf:<dir> | ckpt:<dir> | random

@@ -46,28 +46,13 @@ Equal-compute comparison (ELECTRA's Table 1 protocol): give both runs the same
 """
 import ml_collections
 
+from configs import parse_arg
+from encoder_jax.data.examples import FORMATS
 from encoder_jax.model.config import SIZES, ModelConfig
+from encoder_jax.objectives.pretraining import OBJECTIVES, SENTENCE_TASKS
 
-OBJECTIVES = ("mlm", "electra", "electra_15", "replace_mlm", "all_tokens_mlm")
 # (hidden_dropout, attention_dropout) of each `dropout` preset (see the module docstring).
 DROPOUTS = {"bert": (0.1, 0.1), "no_attention": (0.1, 0.0), "none": (0.0, 0.0)}
-SENTENCE_TASKS = ("none", "nsp", "sop")
-FORMATS = ("full_sentences", "doc_sentences", "segment_pair", "sentence_pair")
-_FLAGS = ("runlocal",)  # arguments that may be given bare ("runlocal" == "runlocal=True")
-
-
-def parse_arg(arg: str | None, **defaults) -> dict[str, str]:
-  """'size=mini,norm=pre' -> {'size': 'mini', 'norm': 'pre'} over defaults; unknown keys raise."""
-  out = dict(defaults)
-  for part in filter(None, (arg or "").split(",")):
-    key, sep, value = part.partition("=")
-    if not sep and key in _FLAGS:
-      sep, value = "=", "True"
-    if not sep or key not in defaults:
-      raise ValueError(f"Bad config argument {part!r}: use key=value with key in "
-                       f"{sorted(defaults)}.")
-    out[key] = value
-  return out
 
 
 def _choice(name: str, value: str, choices) -> str:
@@ -92,8 +77,8 @@ def model_config(size: str, norm: str) -> ml_collections.ConfigDict:
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  args = parse_arg(arg, size="tiny", objective="mlm", nsp="none", format="", norm="",
-                   dropout="", runlocal="False", precision="fp32")
+  args = parse_arg(arg, flags=("runlocal",), size="tiny", objective="mlm", nsp="none", format="",
+                   norm="", dropout="", runlocal="False", precision="fp32")
   # pre-LN and no dropout are part of the demo recipe (runlocal); BERT's otherwise.
   args["norm"] = args["norm"] or ("pre" if args["runlocal"] == "True" else "post")
   args["dropout"] = args["dropout"] or ("none" if args["runlocal"] == "True" else "bert")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import sys
 import time
 
 from absl import app, flags, logging
@@ -51,7 +50,6 @@ INIT_LABELS = {"pretrained": "this run's checkpoint", "random": "random init, sa
 
 
 def _finetune_config(task: str, init: str, pretrain_dir: pathlib.Path, seeds: int):
-  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
   from configs import finetune as finetune_config  # pylint: disable=g-import-not-at-top
   ckpt = f"ckpt:{pretrain_dir / 'checkpoints'}"
   spec = {"pretrained": ckpt, "random": "random", "minilm": "minilm"}[init]

@@ -150,15 +150,15 @@ def resolve_config(pretrain_arg: str, overrides: Mapping[str, Any]):
 def flops_per_step(config, vocab_size: int | None = None) -> float:
   """Analytic training FLOPs of one step of `config` (exactly what the trainer logs); the
   vocabulary size defaults to that of `config.data.vocab`."""
-  from encoder_jax.model.electra import generator_config
+  from encoder_jax.objectives.pretraining import ObjectiveConfig, default_max_predictions
   from encoder_jax.train import flops as flops_lib
-  from encoder_jax.train.loop import default_max_predictions, model_config
+  from encoder_jax.train.loop import model_config
   cfg = model_config(config, vocab_size or vocab_size_of(config.data.vocab))
   o = config.objective
   max_pred = o.max_predictions or default_max_predictions(o.objective, o.mask_rate,
                                                           config.data.max_length)
-  gen = (generator_config(cfg, o.gen_hidden_frac, o.gen_layers_frac)
-         if o.objective != "mlm" else None)
+  gen = ObjectiveConfig(objective=o.objective, gen_hidden_frac=o.gen_hidden_frac,
+                        gen_layers_frac=o.gen_layers_frac).generator_config(cfg)
   return flops_lib.train_flops_per_step(
       cfg, batch_size=config.data.batch_size, seq_len=config.data.max_length,
       objective=o.objective, max_predictions=max_pred, sparse_mlm=True,

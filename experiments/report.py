@@ -21,7 +21,7 @@ import pathlib
 import statistics
 from typing import Any, Sequence
 
-from experiments import runner
+from experiments import grids, runner
 from experiments.grid import Grid, Point
 
 # The first present per task: accuracy where the task has it (the demo tasks; sentiment's
@@ -319,3 +319,34 @@ def write_report(grid: Grid, workdir, out_dir, points=None) -> dict[str, pathlib
   if plot_downstream(grid, rows, out / "downstream_vs_flops.png"):
     files["downstream_png"] = out / "downstream_vs_flops.png"
   return files
+
+
+# ------------------------------------------------------------------ plans
+
+
+def duration(seconds: float) -> str:
+  """Seconds as a short human figure (s, min, h, days)."""
+  if seconds >= 86400:
+    return f"{seconds / 86400:.1f} days"
+  if seconds >= 3600:
+    return f"{seconds / 3600:.1f} h"
+  return f"{seconds:.2g} s" if seconds < 60 else f"{seconds / 60:.1f} min"
+
+
+def gpu_plan_lines(grid, mfu: float) -> list[str]:
+  """One H100/H200 in one process: training FLOPs at `mfu` plus the per-point and
+  per-fine-tuning-job costs of experiments.grids (GPU_POINT_S, GPU_FINETUNE_S)."""
+  rate = grids.GPU_PEAK_FLOPS * mfu
+  lines = [f"| point | steps | FLOPs/step | total FLOPs | est. time on one H200 (MFU {mfu:.0%} "
+           f"+ {grids.GPU_POINT_S:g} s a point + {grids.GPU_FINETUNE_S:g} s a fine-tuning "
+           "job) | fine-tuning |", "|---|---|---|---|---|---|"]
+  total_s = total_flops = 0.0
+  for p in grid.points:
+    seconds = (p.total_flops / rate + grids.GPU_POINT_S
+               + grids.GPU_FINETUNE_S * len(p.finetune))
+    total_s, total_flops = total_s + seconds, total_flops + p.total_flops
+    ft = ", ".join(f"{j.task}×{j.seeds}" for j in p.finetune) or "–"
+    lines.append(f"| {p.name} | {p.steps:,} | {p.flops_per_step:.3g} | {p.total_flops:.3g} | "
+                 f"{duration(seconds)} | {ft} |")
+  lines.append(f"| **all** | | | {total_flops:.3g} | {duration(total_s)} | |")
+  return lines

@@ -18,13 +18,11 @@ experiments/results/<grid>, <grid>_gpu or <grid>_base, where committed results l
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from experiments import grids, report, runner  # noqa: E402
+from experiments import grids, report, runner
 
 _GRID = flags.DEFINE_list(
     "grid", None, "The grid(s) to work on: one of " + ", ".join(grids.GRIDS) + ", several "
@@ -79,36 +77,9 @@ _MFU = flags.DEFINE_float("plan_mfu", 0.0, "--action=plan: assumed model FLOPs u
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _duration(seconds: float) -> str:
-  if seconds >= 86400:
-    return f"{seconds / 86400:.1f} days"
-  if seconds >= 3600:
-    return f"{seconds / 3600:.1f} h"
-  return f"{seconds:.2g} s" if seconds < 60 else f"{seconds / 60:.1f} min"
-
-
-def gpu_plan_lines(grid, mfu: float) -> list[str]:
-  """One H100/H200 in one process: training FLOPs at `mfu` plus the per-point and
-  per-fine-tuning-job costs of experiments.grids (GPU_POINT_S, GPU_FINETUNE_S)."""
-  rate = grids.GPU_PEAK_FLOPS * mfu
-  lines = [f"| point | steps | FLOPs/step | total FLOPs | est. time on one H200 (MFU {mfu:.0%} "
-           f"+ {grids.GPU_POINT_S:g} s a point + {grids.GPU_FINETUNE_S:g} s a fine-tuning "
-           "job) | fine-tuning |", "|---|---|---|---|---|---|"]
-  total_s = total_flops = 0.0
-  for p in grid.points:
-    seconds = (p.total_flops / rate + grids.GPU_POINT_S
-               + grids.GPU_FINETUNE_S * len(p.finetune))
-    total_s, total_flops = total_s + seconds, total_flops + p.total_flops
-    ft = ", ".join(f"{j.task}×{j.seeds}" for j in p.finetune) or "–"
-    lines.append(f"| {p.name} | {p.steps:,} | {p.flops_per_step:.3g} | {p.total_flops:.3g} | "
-                 f"{_duration(seconds)} | {ft} |")
-  lines.append(f"| **all** | | | {total_flops:.3g} | {_duration(total_s)} | |")
-  return lines
-
-
 def plan_lines(grid, device: str, mfu: float) -> list[str]:
   if device == "h200":
-    return gpu_plan_lines(grid, mfu or grids.GPU_MFU)
+    return report.gpu_plan_lines(grid, mfu or grids.GPU_MFU)
   mfu = mfu or 0.45
   if not device.startswith("v4-"):
     raise app.UsageError(f"--plan_device={device!r}: choose v4-N (a TPU slice) or h200.")
@@ -122,8 +93,8 @@ def plan_lines(grid, device: str, mfu: float) -> list[str]:
     total += p.total_flops
     ft = ", ".join(f"{j.task}×{j.seeds}" for j in p.finetune) or "–"
     lines.append(f"| {p.name} | {p.steps:,} | {p.flops_per_step:.3g} | {p.total_flops:.3g} | "
-                 f"{_duration(seconds)} | {ft} |")
-  lines.append(f"| **all** | | | {total:.3g} | {_duration(total / (peak * mfu))} | |")
+                 f"{report.duration(seconds)} | {ft} |")
+  lines.append(f"| **all** | | | {total:.3g} | {report.duration(total / (peak * mfu))} | |")
   return lines
 
 
@@ -167,8 +138,8 @@ def main(argv):
       grid = grids.dry_run(grid)
     if _SCALE.value == "gpu" and not _DRY_RUN.value:
       estimate += grids.gpu_seconds(grid)
-      print(f"{grid.name}: {len(grid.points)} points, estimated {_duration(grids.gpu_seconds(grid))}"
-            f" on one H200 (experiments.grids GPU_*; cumulative {_duration(estimate)} + "
+      print(f"{grid.name}: {len(grid.points)} points, estimated {report.duration(grids.gpu_seconds(grid))}"
+            f" on one H200 (experiments.grids GPU_*; cumulative {report.duration(estimate)} + "
             f"{grids.GPU_STARTUP_S:g} s start-up)", flush=True)
     dirname = grid.name + suffix
     if several:
@@ -179,7 +150,7 @@ def main(argv):
       out = _OUT.value or os.path.join(_REPO, "experiments", "results", dirname)
     run_one(grid, name, workdir, out)
   if several:
-    print(f"{len(names)} grids in {_duration(time.time() - t0)}: {', '.join(names)}")
+    print(f"{len(names)} grids in {report.duration(time.time() - t0)}: {', '.join(names)}")
 
 
 def run_one(grid, name: str, workdir: str, out: str) -> None:

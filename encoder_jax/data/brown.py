@@ -48,9 +48,6 @@ _UNIVERSAL = {
     **dict.fromkeys(["nil", "uh"], "X"),
 }
 _SUFFIXES = re.compile(r"(-(tl|hl|nc))+$")
-GENRE_ORDER = ("adventure", "belles_lettres", "editorial", "fiction", "government", "hobbies",
-               "humor", "learned", "lore", "mystery", "news", "religion", "reviews", "romance",
-               "science_fiction")
 
 
 def base_tag(tag: str) -> str:

@@ -33,12 +33,9 @@ from absl import logging
 from flax import nnx
 
 from encoder_jax.model.config import ModelConfig
+from encoder_jax.model.dropout import fold_rng
 from encoder_jax.model.encoder import Encoder
 from encoder_jax.model.heads import ClassifierHead, SpanQaHead, TaggerHead
-
-
-def _fold(rng, i):
-  return None if rng is None else jax.random.fold_in(rng, i)
 
 
 def make_head(cfg: ModelConfig, kind: str, num_labels: int, pooling: str, rngs: nnx.Rngs):
@@ -62,12 +59,12 @@ class FinetuneModel(nnx.Module):
 
   def __call__(self, batch: dict[str, jax.Array], *, dropout_rng=None) -> dict[str, jax.Array]:
     out = self.encoder(batch["input_ids"], batch["mask"], batch.get("token_types"),
-                       dropout_rng=_fold(dropout_rng, 0))
+                       dropout_rng=fold_rng(dropout_rng, 0))
     h_BxTxD, mask_BxT = out.hidden_BxTxD, out.mask_BxT
     if self.kind in ("classify", "regress"):
-      return {"logits": self.head(h_BxTxD, mask_BxT, dropout_rng=_fold(dropout_rng, 1))}
+      return {"logits": self.head(h_BxTxD, mask_BxT, dropout_rng=fold_rng(dropout_rng, 1))}
     if self.kind == "tag":
-      return {"logits": self.head(h_BxTxD, dropout_rng=_fold(dropout_rng, 1))}
+      return {"logits": self.head(h_BxTxD, dropout_rng=fold_rng(dropout_rng, 1))}
     start_BxT, end_BxT = self.head(h_BxTxD, mask_BxT)
     return {"start_logits": start_BxT, "end_logits": end_BxT}
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-IGNORE_LABEL = -100
+from encoder_jax.objectives.masking import IGNORE_LABEL
 
 
 def accuracy(pred_N, label_N) -> float:

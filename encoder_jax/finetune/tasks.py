@@ -25,8 +25,6 @@ from encoder_jax.data.tokenizer import WordPieceTokenizer
 from encoder_jax.finetune import metrics as metrics_lib
 from encoder_jax.finetune import squad as squad_lib
 
-KINDS = ("classify", "regress", "tag", "span")
-
 
 @dataclasses.dataclass(frozen=True)
 class TaskSpec:

@@ -18,6 +18,16 @@ POSITION_INITS = ("normal", "sinusoidal")
 POSITION_BIASES = ("none", "alibi")
 
 
+def dataclass_from_mapping(cls, d: Mapping[str, Any], what: str):
+  """cls(**d) from a mapping or ConfigDict, naming unknown keys and the valid ones."""
+  d = dict(d.to_dict() if hasattr(d, "to_dict") else d)
+  names = {f.name for f in dataclasses.fields(cls)}
+  unknown = sorted(set(d) - names)
+  if unknown:
+    raise ValueError(f"Unknown {what} config keys {unknown}; valid keys: {sorted(names)}.")
+  return cls(**d)
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Sizes and numerics of one encoder. Defaults are BERT-base (uncased vocab)."""
@@ -117,12 +127,7 @@ class ModelConfig:
   @classmethod
   def from_dict(cls, d: Mapping[str, Any]) -> "ModelConfig":
     """Builds from a mapping (e.g. `config.model` of a ConfigDict); unknown keys are an error."""
-    d = dict(d)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - names)
-    if unknown:
-      raise ValueError(f"Unknown model config keys {unknown}; valid keys: {sorted(names)}.")
-    return cls(**d)
+    return dataclass_from_mapping(cls, d, "model")
 
   def to_dict(self) -> dict[str, Any]:
     return dataclasses.asdict(self)

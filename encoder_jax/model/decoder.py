@@ -19,7 +19,7 @@ from flax import nnx
 
 from encoder_jax.model.attention import MultiHeadAttention, init_normal
 from encoder_jax.model.config import ModelConfig
-from encoder_jax.model.dropout import Dropout
+from encoder_jax.model.dropout import Dropout, fold_rng
 from encoder_jax.model.encoder import (Embeddings, Encoder, EncoderOutput, activation_fn, dense,
                                        layer_norm, validate_inputs)
 
@@ -83,10 +83,6 @@ class CrossAttention(MultiHeadAttention):
             + self.out_bias[...].astype(dt)[None, None])
 
 
-def _fold(rng: jax.Array | None, i: int) -> jax.Array | None:
-  return None if rng is None else jax.random.fold_in(rng, i)
-
-
 class DecoderBlock(nnx.Module):
   """One Transformer decoder layer.
 
@@ -112,9 +108,9 @@ class DecoderBlock(nnx.Module):
     self.act = cfg.activation
 
   def __call__(self, x_BxTxD, self_mask_Bx1xTxT, memory: EncoderOutput, dropout_rng=None):
-    drop = lambda y, i: self.dropout(y, rngs=_fold(dropout_rng, i))
-    self_attn = lambda y: self.self_attn(y, self_mask_Bx1xTxT, dropout_rng=_fold(dropout_rng, 3))
-    cross = lambda y: self.cross_attn(y, memory, dropout_rng=_fold(dropout_rng, 4))
+    drop = lambda y, i: self.dropout(y, rngs=fold_rng(dropout_rng, i))
+    self_attn = lambda y: self.self_attn(y, self_mask_Bx1xTxT, dropout_rng=fold_rng(dropout_rng, 3))
+    cross = lambda y: self.cross_attn(y, memory, dropout_rng=fold_rng(dropout_rng, 4))
     ffn = lambda y: self.ffn_out(activation_fn(self.act)(self.ffn_in(y)))
     if self.norm_first:
       x_BxTxD = x_BxTxD + drop(self_attn(self.ln_self(x_BxTxD)), 0)
@@ -148,10 +144,10 @@ class Decoder(nnx.Module):
     """Hidden states [B, T, D] of the target `ids_BxT` (mask default: ids != pad)."""
     ids_BxT, mask_BxT, types_BxT, _, positions_BxT = validate_inputs(self.cfg, ids_BxT, mask_BxT)
     x_BxTxD = self.embeddings(ids_BxT, types_BxT, positions_BxT,
-                              dropout_rng=_fold(dropout_rng, 0))
+                              dropout_rng=fold_rng(dropout_rng, 0))
     self_mask_Bx1xTxT = make_causal_mask(mask_BxT)
     for i, block in enumerate(self.blocks):
-      x_BxTxD = block(x_BxTxD, self_mask_Bx1xTxT, memory, _fold(dropout_rng, i + 1))
+      x_BxTxD = block(x_BxTxD, self_mask_Bx1xTxT, memory, fold_rng(dropout_rng, i + 1))
     return x_BxTxD if self.final_ln is None else self.final_ln(x_BxTxD)
 
 
@@ -176,8 +172,8 @@ class Seq2Seq(nnx.Module):
 
   def __call__(self, src_ids_BxS, tgt_ids_BxT, src_mask_BxS=None, tgt_mask_BxT=None, *,
                dropout_rng=None) -> jax.Array:
-    memory = self.encode(src_ids_BxS, src_mask_BxS, dropout_rng=_fold(dropout_rng, 0))
-    return self.decode(tgt_ids_BxT, memory, tgt_mask_BxT, dropout_rng=_fold(dropout_rng, 1))
+    memory = self.encode(src_ids_BxS, src_mask_BxS, dropout_rng=fold_rng(dropout_rng, 0))
+    return self.decode(tgt_ids_BxT, memory, tgt_mask_BxT, dropout_rng=fold_rng(dropout_rng, 1))
 
 
 @nnx.jit(static_argnames=("bos_id", "eos_id", "max_len"))

@@ -27,6 +27,12 @@ import numpy as np
 from flax import nnx
 
 
+def fold_rng(rng: jax.Array | None, i: int) -> jax.Array | None:
+  """The i-th sub-key of a dropout key (None stays None: no dropout). Every dropout site of
+  the model derives its key this way, so a run is reproducible from fold_in(seed, step)."""
+  return None if rng is None else jax.random.fold_in(rng, i)
+
+
 def _mix32(x: jax.Array) -> jax.Array:
   """lowbias32 (C. Wellons, "Hash Prospector"): a bijection of uint32 with low avalanche bias."""
   x = x ^ (x >> 16)

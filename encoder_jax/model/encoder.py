@@ -18,7 +18,7 @@ from flax import nnx
 from encoder_jax.model.attention import (MultiHeadAttention, alibi_bias, init_normal,
                                          make_attention_mask)
 from encoder_jax.model.config import ModelConfig
-from encoder_jax.model.dropout import Dropout
+from encoder_jax.model.dropout import Dropout, fold_rng
 
 _REMAT = {
     "full": None,  # save nothing, recompute the whole block in the backward pass
@@ -54,10 +54,6 @@ def dense(cfg: ModelConfig, din: int, dout: int, axes: tuple[str | None, str | N
         din, dout, dtype=cfg.compute_dtype, param_dtype=cfg.storage_dtype,
         kernel_init=nnx.with_partitioning(init_normal(cfg), axes),
         bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), (axes[1],)), rngs=rngs)
-
-
-def _fold(rng: jax.Array | None, i: int) -> jax.Array | None:
-  return None if rng is None else jax.random.fold_in(rng, i)
 
 
 def sinusoidal_init(std: float):
@@ -128,9 +124,9 @@ class Block(nnx.Module):
     self.act = cfg.activation
 
   def __call__(self, x_BxTxD, mask_Bx1xTxT, dropout_rng=None, bias_BxNxTxT=None):
-    drop = lambda y, i: self.dropout(y, rngs=_fold(dropout_rng, i))
+    drop = lambda y, i: self.dropout(y, rngs=fold_rng(dropout_rng, i))
     ffn = lambda y: self.ffn_out(activation_fn(self.act)(self.ffn_in(y)))
-    attn = lambda y: self.attn(y, mask_Bx1xTxT, dropout_rng=_fold(dropout_rng, 2),
+    attn = lambda y: self.attn(y, mask_Bx1xTxT, dropout_rng=fold_rng(dropout_rng, 2),
                                bias_BxNxTxS=bias_BxNxTxT)
     if self.norm_first:
       x_BxTxD = x_BxTxD + drop(attn(self.ln_attn(x_BxTxD)), 0)
@@ -201,19 +197,19 @@ class Encoder(nnx.Module):
       raise ValueError("The model is in train mode (dropout on) but dropout_rng is None; pass "
                        "dropout_rng=jax.random.fold_in(key, step) or call model.eval().")
     x_BxTxD = self.embeddings(input_ids_BxT, token_types_BxT, positions_BxT,
-                              dropout_rng=_fold(dropout_rng, 0))
+                              dropout_rng=fold_rng(dropout_rng, 0))
     if self.embed_proj is not None:
       x_BxTxD = self.embed_proj(x_BxTxD)
     mask_Bx1xTxT = make_attention_mask(mask_BxT, segment_ids_BxT)
     bias_BxNxTxT = (alibi_bias(positions_BxT, cfg.num_heads) if cfg.position_bias == "alibi"
                     else None)
-    layer_rng = _fold(dropout_rng, 1)
+    layer_rng = fold_rng(dropout_rng, 1)
     if cfg.scan_layers:
       x_BxTxD = self._scan_blocks(x_BxTxD, mask_Bx1xTxT, layer_rng, bias_BxNxTxT)
     else:
       for i, block in enumerate(self.blocks):
         x_BxTxD = self._remat(type(block).__call__)(block, x_BxTxD, mask_Bx1xTxT,
-                                                    _fold(layer_rng, i), bias_BxNxTxT)
+                                                    fold_rng(layer_rng, i), bias_BxNxTxT)
     if self.final_ln is not None:
       x_BxTxD = self.final_ln(x_BxTxD)
     return EncoderOutput(hidden_BxTxD=x_BxTxD, mask_BxT=mask_BxT)

@@ -1,28 +1,31 @@
 """ELECTRA replaced-token detection (RTD) and its Table-5 variants, as pure functions.
 
 The model side (generator + discriminator with tied embeddings) lives with the model; these
-functions are everything between the two networks and after them. One train step composes them
-(all inside one jitted function; `k_mask, k_sample = jax.random.split(fold_in(seed, step))`):
+functions are everything between the two networks and after them.
+encoder_jax.objectives.pretraining composes them into one loss inside the jitted step
+(`k_mask, _, k_sample = jax.random.split(key, 3)`; the heads gather the P chosen positions
+themselves before their vocabulary projection):
 
     masked = mask_tokens(k_mask, ids_BxT, maskable_BxT, vocab_size=V, mask_id=MASK,
                          mask_frac=0.85, random_frac=0.0, max_predictions=P, special_ids=...)
-    gen_h_BxTxH = generator(masked.ids_BxT, ...)
-    gen_logits_BxPxV = generator_mlm_head(gather_positions(gen_h_BxTxH, masked.positions_BxP))
+    gen_h_BxTxD = model.generator(masked.ids_BxT, ...).hidden_BxTxD
+    gen_logits_BxPxV = model.gen_mlm(gen_h_BxTxD, token_embed, masked.positions_BxP)
     gen_loss, metrics = mlm_loss(gen_logits_BxPxV, masked.labels_BxP, masked.weights_BxP,
                                  prefix="gen")
-    sampled_BxP = gumbel_sample(k_sample, gen_logits_BxPxV, temperature=1.0)
+    sampled_BxP = gumbel_sample(k_sample, gen_logits_BxPxV, temperature)
     inputs = electra_inputs(masked, sampled_BxP)
     variant = get_variant(name)            # "electra" | "electra_15" | "replace_mlm" | ...
-    disc_h_BxTxD = discriminator(inputs.ids_BxT, ...)
+    disc_h_BxTxD = model.discriminator(inputs.ids_BxT, ...).hidden_BxTxD
     labels_BxT, weights_BxT = main_targets(variant, inputs, attention_mask_BxT)
     if variant.main_head == "rtd":
-      main_loss, m = rtd_loss(rtd_head(disc_h_BxTxD), labels_BxT, weights_BxT)
+      main_loss, m = rtd_loss(model.rtd(disc_h_BxTxD), labels_BxT, weights_BxT)
     elif variant.main_head == "mlm":       # replace_mlm: sparse, at the chosen positions
-      main_loss, m = mlm_loss(mlm_head(gather_positions(disc_h_BxTxD, masked.positions_BxP)),
+      main_loss, m = mlm_loss(model.disc_mlm(disc_h_BxTxD, token_embed, masked.positions_BxP),
                               masked.labels_BxP, masked.weights_BxP, prefix="main")
     else:                                  # all_tokens_mlm: every non-pad token, copy mechanism
-      main_loss, m = copy_mlm_loss(mlm_head(disc_h_BxTxD), copy_head(disc_h_BxTxD),
-                                   inputs.ids_BxT, labels_BxT, weights_BxT)
+      main_loss, m = copy_mlm_loss(model.disc_mlm(disc_h_BxTxD, token_embed),
+                                   model.rtd(disc_h_BxTxD), inputs.ids_BxT, labels_BxT,
+                                   weights_BxT)
     metrics |= m | sample_metrics(inputs)
     loss = electra_total_loss(gen_loss, main_loss, main_weight=variant.main_weight)
 

@@ -1,7 +1,7 @@
 """Masked-LM loss with sparse prediction, and the weighted fp32 cross-entropy it rests on.
 
 Sparse prediction: the trainer gathers the P = max_predictions chosen positions *before* the
-vocabulary projection (`gather_positions`), so the V-wide matmul runs on B*P rows instead of
+vocabulary projection (`encoder_jax.model.heads.gather_positions`), so the V-wide matmul runs on B*P rows instead of
 B*T (BERT at 128 tokens: 20 rows instead of 128 per sequence). The loss is averaged over the
 chosen positions only: padded slots (label -100 or weight 0) contribute nothing, not even
 through NaN/inf logits, because their logits are replaced by zeros before the softmax.
@@ -18,13 +18,6 @@ import jax
 import jax.numpy as jnp
 
 from encoder_jax.objectives.masking import IGNORE_LABEL
-
-
-def gather_positions(x_BxTxD: jax.Array, positions_BxP: jax.Array) -> jax.Array:
-  """x[b, positions[b, p]] -> [B, P, D] (or [B, P] for a [B, T] input)."""
-  if x_BxTxD.shape[0] != positions_BxP.shape[0]:
-    raise ValueError(f"batch sizes differ: x {x_BxTxD.shape} vs positions {positions_BxP.shape}.")
-  return jax.vmap(lambda x, p: x[p])(x_BxTxD, positions_BxP)
 
 
 def _weights(labels: jax.Array, weights: jax.Array | None) -> jax.Array:

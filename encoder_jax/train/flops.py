@@ -34,20 +34,13 @@ import jax
 import jax.numpy as jnp
 
 from encoder_jax.model.config import ModelConfig
-
-OBJECTIVES = ("mlm", "electra", "electra_15", "replace_mlm", "all_tokens_mlm")
+from encoder_jax.objectives.pretraining import OBJECTIVES
 
 
 def block_matmul_params(cfg: ModelConfig) -> int:
   """Weights of the dense layers in one block: QKV + output (4*d*d) + FFN (2*d*f)."""
   d = cfg.hidden_size
   return 4 * d * d + 2 * d * cfg.ffn_size
-
-
-def encoder_matmul_params(cfg: ModelConfig) -> int:
-  """Non-embedding matmul weights of the encoder: all blocks (+ the e -> d projection)."""
-  projection = cfg.embed_size * cfg.hidden_size if cfg.embed_size != cfg.hidden_size else 0
-  return cfg.num_layers * block_matmul_params(cfg) + projection
 
 
 def forward_flops(cfg: ModelConfig, *, batch_size: int, seq_len: int,

@@ -64,7 +64,7 @@ from encoder_jax.data import builders, examples, pipeline, unigram
 from encoder_jax.data.builders import resolve_vocab
 from encoder_jax.data.tokenizer import WordPieceTokenizer
 from encoder_jax.model.config import ModelConfig
-from encoder_jax.model.electra import generator_config
+from encoder_jax.objectives import pretraining
 from encoder_jax.train import flops as flops_lib
 from encoder_jax.train import recovery
 from encoder_jax.train import sharding
@@ -127,20 +127,13 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> ModelCon
   return cfg
 
 
-def default_max_predictions(objective: str, mask_rate: float, max_length: int) -> int:
-  """BERT: ceil(rate * T) (20 at 128); ELECTRA's repo: int((rate + 0.005) * T) (19 at 128)."""
-  if objective == "mlm":
-    return max(1, math.ceil(mask_rate * max_length))
-  return max(1, int((mask_rate + 0.005) * max_length))
-
-
 def objective_config(config: ml_collections.ConfigDict,
-                     tok: WordPieceTokenizer) -> step_lib.ObjectiveConfig:
+                     tok: WordPieceTokenizer) -> pretraining.ObjectiveConfig:
   o = config.objective
-  max_pred = o.max_predictions or default_max_predictions(o.objective, o.mask_rate,
-                                                          config.data.max_length)
+  max_pred = o.max_predictions or pretraining.default_max_predictions(
+      o.objective, o.mask_rate, config.data.max_length)
   specials = tuple(sorted({tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id}))
-  return step_lib.ObjectiveConfig(
+  return pretraining.ObjectiveConfig(
       objective=o.objective, sentence_task=o.sentence_task, vocab_size=tok.vocab_size,
       mask_id=tok.mask_id, special_ids=specials, mask_rate=o.mask_rate,
       max_predictions=max_pred, mask_frac=o.mask_frac, random_frac=o.random_frac,
@@ -178,7 +171,7 @@ def make_loader(config: ml_collections.ConfigDict, split: str) -> pipeline.Loade
 class Setup:
   """Everything static about a run, derived once from the ConfigDict."""
   model_cfg: ModelConfig
-  obj: step_lib.ObjectiveConfig
+  obj: pretraining.ObjectiveConfig
   optim_cfg: OptimConfig
   trainer: step_lib.Trainer
   init_fn: Any
@@ -194,8 +187,7 @@ def build(config: ml_collections.ConfigDict) -> Setup:
                                                     config.data.cache_dir or None))
   model_cfg = model_config(config, tok.vocab_size)
   obj = objective_config(config, tok)
-  gen_cfg = (generator_config(model_cfg, obj.gen_hidden_frac, obj.gen_layers_frac)
-             if obj.is_electra else None)
+  gen_cfg = obj.generator_config(model_cfg)
   B, T = config.data.batch_size, config.data.max_length
   fps = flops_lib.train_flops_per_step(
       model_cfg, batch_size=B, seq_len=T, objective=obj.objective,

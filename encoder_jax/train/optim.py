@@ -57,6 +57,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from encoder_jax.model.config import dataclass_from_mapping
+
 # Path components under which a model keeps its transformer blocks (encoder_jax uses "blocks":
 # `blocks/<i>/...` unrolled, `blocks/...` stacked along axis 0 when scanned).
 LAYER_KEYS = ("blocks", "layers")
@@ -102,12 +104,7 @@ class OptimConfig:
   @classmethod
   def from_dict(cls, d: Mapping[str, Any]) -> "OptimConfig":
     """From a mapping or ConfigDict (`config.optim`); unknown keys are an error."""
-    d = dict(d.to_dict() if hasattr(d, "to_dict") else d)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - names)
-    if unknown:
-      raise ValueError(f"Unknown optim config keys {unknown}; valid keys: {sorted(names)}.")
-    return cls(**d)
+    return dataclass_from_mapping(cls, d, "optim")
 
 
 def learning_rate_schedule(cfg: OptimConfig) -> optax.Schedule:

@@ -7,7 +7,6 @@ import pytest
 from encoder_jax.model import ModelConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 from configs import pretrain  # noqa: E402
 
 EXPECTED = {  # (L, d, h, FFN, embedding) from the BERT / Turc et al. / ELECTRA papers

@@ -19,7 +19,6 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "train"))
 import loop_helpers  # noqa: E402
 from loop_helpers import tiny_config  # noqa: E402
 

@@ -14,7 +14,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = textwrap.dedent("""
     import pathlib, sys, time
     import numpy as np
-    sys.path.insert(0, {root!r})
     import tensorflow_datasets as tfds
     from encoder_jax.data import builders
 

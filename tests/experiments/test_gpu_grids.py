@@ -125,11 +125,10 @@ def test_dry_run_keeps_one_point_per_code_path_and_shrinks_it():
 
 
 def test_gpu_plan_prints_the_estimate():
-  from experiments import run
   g = grids.static_vs_dynamic("gpu")
-  lines = run.gpu_plan_lines(g, grids.GPU_MFU)
+  lines = report.gpu_plan_lines(g, grids.GPU_MFU)
   assert len(lines) == 2 + len(g.points) + 1 and "H200" in lines[0]
-  assert lines[-1].startswith("| **all** |") and run._duration(grids.gpu_seconds(g)) in lines[-1]
+  assert lines[-1].startswith("| **all** |") and report.duration(grids.gpu_seconds(g)) in lines[-1]
 
 
 def test_finetune_config_in_process_matches_the_command(tmp_path):

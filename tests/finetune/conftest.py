@@ -4,12 +4,10 @@ tfds.testing.mock_data fills Text features with random strings over 'a'-'j' and 
 vocab of the specials, those letters and their '##' continuations tokenizes any of them.
 """
 import pathlib
-import sys
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 from configs import finetune as finetune_config  # noqa: E402
 
 LETTERS = "abcdefghij"

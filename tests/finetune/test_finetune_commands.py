@@ -9,7 +9,6 @@ import pytest
 from encoder_jax.finetune import markdown_table, tasks
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 from configs import finetune as finetune_config  # noqa: E402
 
 

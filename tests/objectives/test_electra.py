@@ -6,7 +6,8 @@ import pytest
 
 from encoder_jax.objectives import electra
 from encoder_jax.objectives.masking import IGNORE_LABEL, MaskedBatch
-from encoder_jax.objectives.mlm import gather_positions, mlm_loss
+from encoder_jax.model.heads import gather_positions
+from encoder_jax.objectives.mlm import mlm_loss
 
 MASK = 3
 

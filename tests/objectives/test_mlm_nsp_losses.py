@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from encoder_jax.objectives.masking import IGNORE_LABEL
-from encoder_jax.objectives.mlm import gather_positions, mlm_loss, softmax_cross_entropy
+from encoder_jax.model.heads import gather_positions
+from encoder_jax.objectives.mlm import mlm_loss, softmax_cross_entropy
 from encoder_jax.objectives.nsp import sentence_pair_loss
 
 
@@ -89,7 +90,8 @@ def test_sparse_head_equals_dense_head_at_chosen_positions():
   sparse = jax.jit(lambda x, p, l, w: mlm_loss(gather_positions(x, p), l, w)[0])(
       logits_BxTxV, positions, labels_BxP, weights)
   np.testing.assert_allclose(sparse, mlm_loss_j(logits_BxTxV, labels_BxT)[0], rtol=1e-6)
-  np.testing.assert_array_equal(jax.jit(gather_positions)(ids, positions)[1], ids[1, [2, 3, 6]])
+  np.testing.assert_array_equal(jax.jit(gather_positions)(ids[..., None], positions)[1, :, 0],
+                                ids[1, [2, 3, 6]])
 
 
 def test_sentence_pair_loss():

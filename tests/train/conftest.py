@@ -1,4 +1,4 @@
-"""The trainer tests' shared corpus and compilation cache (tests/train/loop_helpers.py)."""
+"""The trainer tests' shared corpus and compilation cache (tests/loop_helpers.py)."""
 import jax
 import pytest
 

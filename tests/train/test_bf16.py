@@ -4,7 +4,6 @@ A bf16 training run must track the fp32 run of the same seed and data step for s
 losses differ only by bf16 rounding), must really compute in bf16 (the losses are not
 bit-identical), and must keep parameters and optimizer state in float32 in the checkpoint.
 """
-import sys
 import pathlib
 
 import jax
@@ -14,8 +13,7 @@ import orbax.checkpoint as ocp
 import loop_helpers as H
 from encoder_jax.train import loop
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
-from configs import pretrain  # noqa: E402
+from configs import pretrain
 
 STEPS = 60
 TOLERANCE = 0.02  # nats, at every step

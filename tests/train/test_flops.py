@@ -13,7 +13,7 @@ PAPER = dict(backward_factor=1.0, dense_embedding_lookup=True)
 def test_matmul_params_rebuild_hf_bert_base_count():
   """HF BertForPreTraining at BERT-base has 110,106,428 parameters (its BertForPreTraining at bert-base-uncased)."""
   d, V, f, L = 768, 30522, 3072, 12
-  matmul = flops.encoder_matmul_params(BASE)
+  matmul = BASE.num_layers * flops.block_matmul_params(BASE)
   assert matmul == L * 12 * d * d == 84_934_656
   embeddings = (V + 512 + 2) * d + 2 * d
   block_biases_norms = L * (3 * d + d + f + d + 4 * d)
@@ -26,9 +26,9 @@ def test_parameter_flops_are_six_n_per_token():
   parts = flops.train_flops_breakdown(BASE, batch_size=B, seq_len=T, max_predictions=20,
                                       nsp=True)
   tokens = B * T
-  assert parts["block_dense"] == 6 * flops.encoder_matmul_params(BASE) * tokens
+  assert parts["block_dense"] == 6 * BASE.num_layers * flops.block_matmul_params(BASE) * tokens
   # Attention (4*T*d per token per layer) and the sparse MLM head add ~7% at T = 128.
-  ratio = sum(parts.values()) / (6 * flops.encoder_matmul_params(BASE) * tokens)
+  ratio = sum(parts.values()) / (6 * BASE.num_layers * flops.block_matmul_params(BASE) * tokens)
   assert 1.0 < ratio < 1.10, ratio
   assert parts["attention"] == 3 * 4 * 12 * T * T * 768 * B
   assert parts["embedding_lookup"] == 0 and parts["rtd_head"] == 0

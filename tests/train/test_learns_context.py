@@ -16,14 +16,11 @@ which alone puts its loss ~0.5 nats below the unigram baseline over all targets.
 
 Guards every part of the pipeline at once: masking, data rows, attention, optimiser, step.
 """
-import pathlib
-import sys
 
 import pytest
 
 pytestmark = pytest.mark.slow
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 from configs import pretrain  # noqa: E402
 from encoder_jax.model import encoder as encoder_lib  # noqa: E402
 from encoder_jax.train import loop  # noqa: E402

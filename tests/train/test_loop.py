@@ -2,7 +2,7 @@
 budget, traces, intervals, a host that stays within one step of the device, config checks.
 
 One tiny model (1 block, d=32, rows of 32 tokens, batch 4, dropout on) on a three-document
-text corpus built once per session (tests/train/loop_helpers.py). Every run here shares the
+text corpus built once per session (tests/loop_helpers.py). Every run here shares the
 step's compiled program (same shapes and optimizer constants: optim.total_steps is pinned,
 only the loop's stopping rule varies), so the persistent compilation cache makes the
 subprocess runs cheap.
@@ -20,6 +20,7 @@ import pytest
 
 from encoder_jax.train import checkpoint, loop
 from encoder_jax.train import step as step_lib
+from encoder_jax.objectives import pretraining
 from encoder_jax.train.metrics_io import Stage
 from loop_helpers import (N, assert_bitwise_equal, budget_for, eval_rows, pretrain, restore,
                           run_subprocess, tiny_config, train_rows, wait_for)
@@ -29,7 +30,7 @@ from loop_helpers import (N, assert_bitwise_equal, budget_for, eval_rows, pretra
 def straight(env, tmp_path_factory):
   """2N steps without interruption, counting traces of the train and eval losses."""
   traces = {True: 0, False: 0}
-  real = step_lib.loss_and_metrics
+  real = pretraining.loss_and_metrics
 
   def counting(*args, train, **kwargs):
     traces[train] += 1  # runs only while jax traces the step
@@ -38,11 +39,11 @@ def straight(env, tmp_path_factory):
   config = tiny_config(env)
   config.train.flops_budget = budget_for(config, 2 * N)
   workdir = tmp_path_factory.mktemp("straight")
-  step_lib.loss_and_metrics = counting
+  pretraining.loss_and_metrics = counting
   try:
     summary = loop.train_and_evaluate(config, str(workdir))
   finally:
-    step_lib.loss_and_metrics = real
+    pretraining.loss_and_metrics = real
   return dict(config=config, workdir=workdir, summary=summary, traces=traces)
 
 

@@ -1,7 +1,7 @@
 """Recovering from what goes wrong: a divergence (roll back with a lower learning rate, or
 skipping batches), a failed checkpoint save, SIGTERM during start-up.
 
-Same tiny model and corpus as test_loop.py (tests/train/loop_helpers.py). The save fault is
+Same tiny model and corpus as test_loop.py (tests/loop_helpers.py). The save fault is
 injected into Orbax's writer: tests run as root, which file permissions do not stop.
 """
 import json

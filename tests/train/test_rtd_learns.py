@@ -26,15 +26,12 @@ and steps is 0.99 nats below the unigram baseline (test_learns_context.py): RTD 
 far more slowly than MLM at this scale.
 """
 import math
-import pathlib
-import sys
 
 import jax.numpy as jnp
 import pytest
 
 pytestmark = pytest.mark.slow
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 from configs import pretrain  # noqa: E402
 from encoder_jax.model import encoder as encoder_lib  # noqa: E402
 from encoder_jax.objectives import electra as electra_obj  # noqa: E402

@@ -15,6 +15,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from encoder_jax.model import ModelConfig
 from encoder_jax.train import sharding as sh
 from encoder_jax.train import step as S
+from encoder_jax.objectives import pretraining
 from encoder_jax.train.optim import OptimConfig, build_optimizer
 
 CFG = ModelConfig(vocab_size=256, hidden_size=64, num_layers=2, num_heads=4, ffn_size=128,
@@ -67,7 +68,7 @@ def _first_grad_norm(objective: str) -> float:
   tr, init = _trainer(objective)
   batch = {k: jnp.asarray(v) for k, v in _batch().items()}
   key = S.step_key(tr.seed, 0)
-  loss = lambda p: S.loss_and_metrics(nnx.merge(tr.graphdef_train, p), batch, key, tr.obj,
+  loss = lambda p: pretraining.loss_and_metrics(nnx.merge(tr.graphdef_train, p), batch, key, tr.obj,
                                       train=True)[0]
   return float(optax.tree.norm(jax.jit(jax.grad(loss))(jax.jit(init)().params)))
 

@@ -20,6 +20,7 @@ from encoder_jax.data.tokenizer import WordPieceTokenizer
 from encoder_jax.model import ModelConfig
 from encoder_jax.train import loop
 from encoder_jax.train import step as step_lib
+from encoder_jax.objectives import pretraining
 from encoder_jax.train.optim import OptimConfig, build_optimizer, path_names
 
 SENTENCES = [
@@ -64,8 +65,8 @@ def tiny(objective="mlm", sentence_task="none", **model):
 @pytest.mark.parametrize("objective,layers,steps", [("mlm", 1, 600), ("electra", 2, 800)])
 def test_overfits_eight_sentences_with_one_trace(objective, layers, steps, monkeypatch):
   traces = []
-  real = step_lib.loss_and_metrics
-  monkeypatch.setattr(step_lib, "loss_and_metrics",
+  real = pretraining.loss_and_metrics
+  monkeypatch.setattr(pretraining, "loss_and_metrics",
                       lambda *a, **k: traces.append(1) or real(*a, **k))
   cfg, obj, batch = tiny(objective, num_layers=layers)
   tx, schedule = build_optimizer(OptimConfig(learning_rate=3e-3, warmup_steps=10,
@@ -100,7 +101,7 @@ def metric_names(cfg, obj, batch):
   tr, init = step_lib.create(cfg, obj, *build_optimizer(OptimConfig(warmup_steps=0,
                                                                      total_steps=1)), seed=0)
   params = jax.eval_shape(init).params
-  fn = lambda p, b: step_lib.loss_and_metrics(nnx.merge(tr.graphdef_train, p), b,
+  fn = lambda p, b: pretraining.loss_and_metrics(nnx.merge(tr.graphdef_train, p), b,
                                               jax.random.key(0), obj, train=True)[1]
   return set(jax.eval_shape(fn, params, {k: jnp.asarray(v) for k, v in batch.items()}))
 
@@ -199,7 +200,7 @@ def test_electra_step_gradient_is_generator_plus_50_discriminator():
 
   def parts(p):
     model = nnx.merge(tr.graphdef_train, p)
-    _, m = step_lib.loss_and_metrics(model, batch, key, tr.obj, train=True)
+    _, m = pretraining.loss_and_metrics(model, batch, key, tr.obj, train=True)
     return m["gen_loss"], m["disc_loss"]
 
   g_gen, g_disc = jax.jit(jax.jacrev(parts))(params)

@@ -10,7 +10,6 @@ about a second each (there is no encoder).
 """
 import functools
 import pathlib
-import sys
 import types
 
 import jax
@@ -20,9 +19,9 @@ import pytest
 
 from encoder_jax.train import loop
 from encoder_jax.train import step as step_lib
+from encoder_jax.objectives import pretraining
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 from configs import pretrain  # noqa: E402
 
 # BERT's special ids inside a 256-id vocabulary: specials are neither first nor contiguous.
@@ -126,7 +125,7 @@ def probed_step(obj: step_lib.ObjectiveConfig, train: bool = True):
   @jax.jit
   def run(batch, key):
     probe = ElectraProbe() if obj.is_electra else MlmProbe()
-    loss, metrics = step_lib.loss_and_metrics(probe, batch, key, obj, train=train)
+    loss, metrics = pretraining.loss_and_metrics(probe, batch, key, obj, train=train)
     return loss, metrics, probe.seen
   return lambda batch, key: jax.device_get(run(batch, key))
 

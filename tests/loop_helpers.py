@@ -12,8 +12,7 @@ import numpy as np
 
 from encoder_jax.train import checkpoint, loop, metrics_io
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 from configs import pretrain  # noqa: E402
 
 N = 6  # checkpoint interval; the straight run is 2N steps

@@ -1,0 +1,43 @@
+"""The package's import graph has layers, and nothing imports upward.
+
+model/ and data/ stand alone; objectives/ builds on model/; train/ on those three; convert/
+(reads training checkpoints) on train/; finetune/ on everything below; the entry points
+(main, demo, cli) on top. A new subpackage or module must be given a layer here.
+"""
+import ast
+import pathlib
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "encoder_jax"
+LAYER = {"model": 0, "data": 0, "paths": 0, "objectives": 1, "train": 2, "convert": 3,
+         "finetune": 4, "cli": 5, "demo": 5, "main": 5}
+
+
+def imports() -> list[tuple[str, str, str]]:
+  """(importing unit, imported unit, file) for every encoder_jax.* import across units."""
+  out = []
+  for f in PACKAGE.rglob("*.py"):
+    parts = f.relative_to(PACKAGE).parts
+    unit = parts[0] if len(parts) > 1 else f.stem
+    if unit == "__init__":
+      continue
+    for node in ast.walk(ast.parse(f.read_text())):
+      names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module else
+               [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+      for name in names:
+        if name.startswith("encoder_jax.") and name.split(".")[1] != unit:
+          out.append((unit, name.split(".")[1], str(f.relative_to(PACKAGE))))
+  return out
+
+
+def test_every_unit_has_a_layer():
+  units = {p.name if p.is_dir() else p.stem for p in PACKAGE.iterdir()
+           if (p.is_dir() and (p / "__init__.py").exists()) or
+           (p.suffix == ".py" and p.stem != "__init__")}
+  assert units <= set(LAYER), f"give these a layer in tests/test_structure.py: {units - set(LAYER)}"
+
+
+def test_nothing_imports_upward_or_sideways():
+  found = imports()
+  assert ("objectives", "model", "objectives/pretraining.py") in found  # the scan sees imports
+  bad = [(a, b, f) for a, b, f in found if LAYER[b] >= LAYER[a]]
+  assert not bad, f"imports against the layering (importer, imported, file): {bad}"
