@@ -1,8 +1,8 @@
 """encoder_jax: BERT / RoBERTa / ELECTRA encoder pre-training in JAX + Flax NNX.
 
 Versions are pinned to a set that installs together on Python 3.11 with `pip check` clean
-(README, "Decisions a successor needs"). Flax NNX's API moves between minor releases, so do not loosen the
-flax pin without running the test-suite.
+(README, "Decisions a successor needs"). Flax NNX's API moves between minor releases, so do not
+loosen the flax pin without running the test-suite.
 """
 from setuptools import find_packages, setup
 

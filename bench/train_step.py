@@ -184,9 +184,11 @@ def print_table(rows: list[dict], rounds: int, steps: int):
     print(f"{size}: load average (1/5/15 min) {load} over the rounds" +
           (f"; fp32 matmul rate {pk / 1e9:.0f} GFLOP/s (median after each round; ~208 "
            "on the idle machine)" if pk else ""))
-  print("Notes: 'vs HF' = median over rounds of the per-round ratio (wall tokens/s; then tokens per "
-        "CPU-second of the\n  worker process, all its threads). Both sides do MLM on 15% of the "
-        "tokens + NSP; HF projects all T positions\n  onto the 30,522-word vocabulary (its design), "
+  print("Notes: 'vs HF' = median over rounds of the per-round ratio (wall tokens/s; then tokens "
+        "per CPU-second of the\n  worker process, all its threads). Both sides do MLM on 15% of "
+        "the "
+        "tokens + NSP; HF projects all T positions\n  onto the 30,522-word vocabulary (its "
+        "design), "
         "ours only the max_predictions masked slots (sparse prediction).\n  GFLOP/step counts each "
         "system's own matmuls (6N convention, encoder_jax.train.flops). ELECTRA = generator of\n  "
         "1/4 width + discriminator with RTD at every position, no NSP: not the same work as HF.")

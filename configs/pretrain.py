@@ -191,7 +191,8 @@ def runlocal(config: ml_collections.ConfigDict) -> None:
       the model otherwise spends millions of tokens learning that from its position table.
       position_init "sinusoidal": 18.7% vs 18.3% (within seed noise; free).
     * pre-LN, no dropout (the `dropout=none` default with runlocal: training then uses
-      jax.nn.dot_product_attention), batch 8 x 128 tokens, AdamW lr 2e-3 (b2 0.98), 100 warm-up steps,
+      jax.nn.dot_product_attention), batch 8 x 128 tokens, AdamW lr 2e-3 (b2 0.98), 100 warm-up
+      steps,
       linear decay: batch 32 at 2e-3 gave 11.4% and at 5e-3 9.1% (1.2M tokens); batch 16 at
       3e-3 17.3%, batch 4 at 1.5e-3 lower; lr 1.5e-3 17.8%, 3e-3 17.9%; b2 0.95 18.0%.
     * mask_rate 0.2 (80/10/10): 15% gave 17.8%, 25% 18.9%, 30% 18.4% (each scored at its own

@@ -208,7 +208,8 @@ def with_overrides(grid: Grid, extra: Mapping[str, Any], *, name: str) -> Grid:
   points = tuple(make_point(p.labels, PointSpec(p.pretrain_arg, {**p.overrides, **extra},
                                                 p.finetune)) for p in grid.points)
   return dataclasses.replace(grid, name=name, points=points,
-                             title=f"{grid.title} [{', '.join(f'{k}={v}' for k, v in extra.items())}]")
+                             title=f"{grid.title} ["
+                                   f"{', '.join(f'{k}={v}' for k, v in extra.items())}]")
 
 
 def parse_override(text: str) -> tuple[str, Any]:

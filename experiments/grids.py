@@ -292,7 +292,8 @@ def nsp_formats(scale: str = "demo", data_source: str = "") -> Grid:
     return PointSpec(arg + (",runlocal" if scale != "base" else ""), over, finetune)
 
   points = expand({"format": list(_FORMATS), "seed": list(range(nseeds))}, point)
-  return Grid("nsp_formats", "NSP and input formats at equal tokens", _drop_single_seed(points), anchor=NSP_ANCHOR, curve_keys=("mlm_loss",))
+  return Grid("nsp_formats", "NSP and input formats at equal tokens", _drop_single_seed(points),
+              anchor=NSP_ANCHOR, curve_keys=("mlm_loss",))
 
 
 # ------------------------------------------------------------------ (c) post-LN vs pre-LN

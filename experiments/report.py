@@ -205,7 +205,7 @@ def seed_table(grid: Grid, rows: list[dict], tasks: list[str]) -> list[str]:
     arms.setdefault(tuple(r[a] for a in axes), []).append(r)
   head = axes + ["pre-training seeds", "eval acc at [MASK]", "nats below unigram at [MASK]"]
   head += [f"{t} (all seeds pooled: median [min, max], n)" for t in tasks]
-  lines = [f"#### Over pre-training seeds", "", "| " + " | ".join(head) + " |",
+  lines = ["#### Over pre-training seeds", "", "| " + " | ".join(head) + " |",
            "|" + "---|" * len(head)]
   for key, group in arms.items():
     cells = list(key) + [

@@ -138,7 +138,8 @@ def main(argv):
       grid = grids.dry_run(grid)
     if _SCALE.value == "gpu" and not _DRY_RUN.value:
       estimate += grids.gpu_seconds(grid)
-      print(f"{grid.name}: {len(grid.points)} points, estimated {report.duration(grids.gpu_seconds(grid))}"
+      print(f"{grid.name}: {len(grid.points)} points, estimated "
+            f"{report.duration(grids.gpu_seconds(grid))}"
             f" on one H200 (experiments.grids GPU_*; cumulative {report.duration(estimate)} + "
             f"{grids.GPU_STARTUP_S:g} s start-up)", flush=True)
     dirname = grid.name + suffix

@@ -49,5 +49,6 @@ def test_tpu_pod_initialises_the_slice_with_python_3_11():
   train = text[text.index("  train)"):text.index("  delete)")]
   assert "--mode=pretrain" in train and "--distributed=auto" in train
   install = text[text.index("  install)"):text.index("  train)")]
-  assert re.search(r"uv==\$UV_VERSION", install) and re.search(r"UV_VERSION=\$\{UV_VERSION:-\d+\.\d+\.\d+\}", text)
+  assert re.search(r"uv==\$UV_VERSION", install)
+  assert re.search(r"UV_VERSION=\$\{UV_VERSION:-\d+\.\d+\.\d+\}", text)
   assert "--python 3.11" in install and "python3 -m venv" not in install

@@ -267,7 +267,8 @@ def _assign(model: nnx.Module, params: dict[str, Any]) -> None:
   want = jax.tree.map(lambda x: (x.shape, x.dtype), nnx.to_pure_dict(state))
   got = jax.tree.map(lambda x: x.shape, params)
   if jax.tree.structure(got) != jax.tree.structure(jax.tree.map(lambda s: s[0], want,
-                                                                 is_leaf=lambda x: isinstance(x, tuple))):
+                                                                 is_leaf=lambda x: isinstance(
+                                                                     x, tuple))):
     raise ValueError(f"Converted parameter tree does not match the model:\n{got}\nvs\n{want}")
   def cast(x, w):
     shape, dtype = w

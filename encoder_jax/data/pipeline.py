@@ -15,7 +15,8 @@ dealt to hosts in blocks of the per-host batch b: host h of n takes stream posit
 disjoint and together are all rows, and global batch s is stream positions [s*B, (s+1)*B)
 *in order* whatever the number of hosts: host h's rows are rows [h*b, (h+1)*b) of the global
 batch, exactly where `jax.make_array_from_process_local_data` places them. Row-keyed
-randomness on device (one masking key per batch row) is therefore identical on 1 or n hosts. The state is just the step, so
+randomness on device (one masking key per batch row) is therefore identical on 1 or n hosts.
+The state is just the step, so
 a run saved on 4 hosts resumes on 2 (same global batch) with the same global batches.
 With `num_epochs` set, the last incomplete batch is dropped (fewer than B rows).
 

@@ -1,4 +1,5 @@
-r"""Train a corpus-specific WordPiece vocab.txt (BERT specials first: [PAD] [UNK] [CLS] [SEP] [MASK]).
+r"""Train a corpus-specific WordPiece vocab.txt (BERT specials first: [PAD] [UNK] [CLS] [SEP]
+[MASK]).
 
   python -m encoder_jax.data.train_vocab --corpus=demo --vocab_size=16000 --out=demo_vocab.txt
   python -m encoder_jax.data.train_vocab --input='texts/*.txt' --vocab_size=30522 --out=vocab.txt

@@ -58,7 +58,8 @@ def dense(cfg: ModelConfig, din: int, dout: int, axes: tuple[str | None, str | N
 
 def sinusoidal_init(std: float):
   """An initializer for a [positions, width] table: Vaswani et al.'s sin/cos features, scaled
-  to a root-mean-square of `std` per entry, the scale of BERT's normal init. Position i+k is then a fixed rotation of i in
+  to a root-mean-square of `std` per entry, the scale of BERT's normal init. Position i+k is then
+  a fixed rotation of i in
   every frequency pair, so attention to a relative offset is a linear function of the table
   from step 0 instead of something the table has to discover."""
   def init(key, shape, dtype=jnp.float32):

@@ -1,7 +1,8 @@
 """Masked-LM loss with sparse prediction, and the weighted fp32 cross-entropy it rests on.
 
 Sparse prediction: the trainer gathers the P = max_predictions chosen positions *before* the
-vocabulary projection (`encoder_jax.model.heads.gather_positions`), so the V-wide matmul runs on B*P rows instead of
+vocabulary projection (`encoder_jax.model.heads.gather_positions`), so the V-wide matmul runs on
+B*P rows instead of
 B*T (BERT at 128 tokens: 20 rows instead of 128 per sequence). The loss is averaged over the
 chosen positions only: padded slots (label -100 or weight 0) contribute nothing, not even
 through NaN/inf logits, because their logits are replaced by zeros before the softmax.

@@ -115,7 +115,8 @@ def loss_and_metrics(model, batch: dict[str, jax.Array], key: jax.Array, obj: Ob
   maskable_BxT = mask_BxT & ~jnp.isin(ids_BxT, specials)
   mask_frac, random_frac = obj.fractions
   masked = mask_tokens(
-      k_mask if mask_keys_B is None else mask_keys_B, ids_BxT, maskable_BxT, vocab_size=obj.vocab_size, mask_id=obj.mask_id,
+      k_mask if mask_keys_B is None else mask_keys_B, ids_BxT, maskable_BxT,
+      vocab_size=obj.vocab_size, mask_id=obj.mask_id,
       rate=obj.mask_rate, max_predictions=obj.max_predictions, mask_frac=mask_frac,
       random_frac=random_frac, special_ids=obj.special_ids,
       word_starts_BxT=batch.get("word_starts") if obj.whole_word else None)

@@ -105,7 +105,8 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  if "--fake_devices=0" not in sys.argv and not any(a.startswith("--tpu_topology") for a in sys.argv):
+  if ("--fake_devices=0" not in sys.argv
+      and not any(a.startswith("--tpu_topology") for a in sys.argv)):
     n = next((a.split("=")[1] for a in sys.argv if a.startswith("--fake_devices=")), "8")
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                f" --xla_force_host_platform_device_count={n}")

@@ -43,7 +43,7 @@ def _summary_writer_class():
   if "tensorboardX" not in sys.modules and "torch" not in sys.modules:
     sys.modules["torch"] = None  # makes `import torch` raise ImportError
     try:
-      import tensorboardX  # pylint: disable=g-import-not-at-top,unused-import
+      import tensorboardX  # noqa: F401  (imported here, with torch hidden, for its side effect)
     finally:
       del sys.modules["torch"]
   from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top

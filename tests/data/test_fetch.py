@@ -12,7 +12,8 @@ def _fake(monkeypatch, payload: bytes, exit_code: int = 0, sha256: str = "0" * 6
   """Registers artifact 'fake' whose 'client' writes `payload` then exits with `exit_code`."""
   art = fetch.Artifact("pip", "fake==1.0", "fake-1.0.whl", sha256)
   monkeypatch.setitem(fetch.ARTIFACTS, "fake", art)
-  script = (f"import pathlib,sys; pathlib.Path(sys.argv[1], 'fake-1.0.whl').write_bytes({payload!r});"
+  script = (f"import pathlib,sys; "
+            f"pathlib.Path(sys.argv[1], 'fake-1.0.whl').write_bytes({payload!r});"
             f"sys.exit({exit_code})")
   monkeypatch.setattr(fetch, "_client_command",
                       lambda a, dest: [sys.executable, "-c", script, dest])
@@ -27,7 +28,8 @@ def test_checksum_mismatch_names_both_hashes_and_keeps_file_aside(tmp_path, monk
   with pytest.raises(fetch.FetchError) as e:
     fetch.fetch_artifact("fake", cache_dir=tmp_path)
   msg = str(e.value)
-  assert "ab" * 32 in msg and fetch.sha256_of(tmp_path / "fake" / "fake-1.0.whl.sha256-mismatch") in msg
+  bad = tmp_path / "fake" / "fake-1.0.whl.sha256-mismatch"
+  assert "ab" * 32 in msg and fetch.sha256_of(bad) in msg
   assert "fake-1.0.whl.sha256-mismatch" in msg
   assert _leftovers(tmp_path / "fake") == ["fake-1.0.whl.sha256-mismatch"]  # nothing cached
 

@@ -140,7 +140,7 @@ def test_finetune_config_in_process_matches_the_command(tmp_path):
   ref = finetune_lib.get_config(next(a for a in cmd if a.startswith("--config=")).partition(":")[2])
   assert cfg.init == ref.init and cfg.task == "brown_pos" and cfg.pooling == "mean"
   assert (cfg.seeds, cfg.max_train_examples, cfg.epochs) == (1, 16, 1)
-  assert f"--config.seeds=1" in cmd and "--config.max_train_examples=16" in cmd
+  assert "--config.seeds=1" in cmd and "--config.max_train_examples=16" in cmd
 
 
 def test_in_process_calls_log_echo_and_report_failures(tmp_path, capsys):

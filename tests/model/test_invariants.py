@@ -1,4 +1,5 @@
-"""The seeds' checks (bidirectional attention, padding, positions, segments, memory) and the encoder's API guarantees."""
+"""The seeds' checks (bidirectional attention, padding, positions, segments, memory) and the
+encoder's API guarantees."""
 import chex
 import jax
 import jax.numpy as jnp

@@ -182,7 +182,8 @@ def test_static_masks_depend_on_example_and_copy_only():
   perm = jnp.arange(4)[::-1]
   keys_r = static_keys(seed, perm, jnp.full(4, 3), dupe_factor=3)
   again = f(keys_r, ids[perm], maskable[perm])
-  np.testing.assert_array_equal(np.asarray(again.positions_BxP), np.asarray(base.positions_BxP)[::-1])
+  np.testing.assert_array_equal(np.asarray(again.positions_BxP),
+                                np.asarray(base.positions_BxP)[::-1])
   np.testing.assert_array_equal(np.asarray(again.ids_BxT), np.asarray(base.ids_BxT)[::-1])
   # The next epoch (copy 1) is a different mask.
   keys_1 = static_keys(seed, jnp.arange(4), jnp.ones(4, jnp.int32), dupe_factor=3)

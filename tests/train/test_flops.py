@@ -11,7 +11,7 @@ PAPER = dict(backward_factor=1.0, dense_embedding_lookup=True)
 
 
 def test_matmul_params_rebuild_hf_bert_base_count():
-  """HF BertForPreTraining at BERT-base has 110,106,428 parameters (its BertForPreTraining at bert-base-uncased)."""
+  """HF BertForPreTraining at BERT-base (bert-base-uncased) has 110,106,428 parameters."""
   d, V, f, L = 768, 30522, 3072, 12
   matmul = BASE.num_layers * flops.block_matmul_params(BASE)
   assert matmul == L * 12 * d * d == 84_934_656

@@ -7,7 +7,8 @@ to 64 wide, for 1,500 steps on a real text (the State-of-the-Union part of the d
 a 256-token WordPiece vocab trained on it so that local context pays off quickly) and requires
 the held-out loss to end `MARGIN` nats below that baseline, scored by the trainer on exactly
 the evaluated positions. Calibration (2-core CPU, ~65 s a run): 0.12 nats at 400 steps, 0.25 at
-800, 0.99 at 1,500; with attention broken 0.01 at 1,500. The same run with attention broken (every key masked: no token sees any
+800, 0.99 at 1,500; with attention broken 0.01 at 1,500. The same run with attention broken
+(every key masked: no token sees any
 other) must fail the same check, so the check measures context and nothing else.
 
 The check reads the scores at the targets whose input was [MASK] (`*_at_mask_*`): with BERT's
