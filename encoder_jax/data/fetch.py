@@ -35,6 +35,7 @@ import tempfile
 import zipfile
 
 from absl import logging
+from etils import epath
 
 
 class FetchError(RuntimeError):
@@ -106,8 +107,9 @@ def cache_root(cache_dir=None) -> pathlib.Path:
 
 
 def sha256_of(path) -> str:
+  """sha256 of a local file or one on a bucket (gs://, through etils.epath)."""
   h = hashlib.sha256()
-  with open(path, "rb") as f:
+  with epath.Path(path).open("rb") as f:
     for block in iter(lambda: f.read(1 << 20), b""):
       h.update(block)
   return h.hexdigest()
