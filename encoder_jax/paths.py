@@ -16,7 +16,10 @@ folder. What an object store lacks is handled here:
     under a temporary name and renames it, and writes an object directly;
   * no append: `Appender` appends to a local file, and on a bucket keeps the text and rewrites
     the whole object at each flush (metrics and logs are small);
-  * no `**` in a bucket glob (gcsfs would list the whole bucket): `glob` refuses it there.
+  * no `**` in a bucket glob (gcsfs would list the whole bucket): `glob` refuses it there;
+  * shared writers: Orbax's TensorStore and the other hosts write to the same bucket, so
+    gcsfs's folder-listing cache (never expired by default, and consulted by exists() too)
+    would miss their files; it is turned off here unless fsspec's config already sets it.
 """
 from __future__ import annotations
 
@@ -26,6 +29,10 @@ import re
 import time
 
 from etils import epath
+import fsspec
+
+# Before etils creates its (cached) gcsfs instance; FSSPEC_GCS_USE_LISTINGS_CACHE overrides.
+fsspec.config.conf.setdefault("gcs", {}).setdefault("use_listings_cache", False)
 
 PathLike = str | os.PathLike
 
