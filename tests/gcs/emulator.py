@@ -11,6 +11,11 @@ changes that make it behave like GCS for several clients at once:
   * connections are accepted by a thread each (requests are still handled one at a time):
     the emulator's single-threaded server blocks on a connection that a client opened and
     has not used yet (connection pools do that), and every other client then waits forever.
+  * generation preconditions (ifGenerationMatch / ifGenerationNotMatch on uploads, reads and
+    deletes: 412, or 304 for a read) and the x-goog-generation header of a read, which GCS
+    has and the emulator lacks. TensorStore (Orbax) commits its OCDBT manifest by
+    compare-and-swap on the generation, so without them concurrent array writes fail with
+    "Malformed StorageGeneration" or overwrite each other.
 """
 import functools
 import http
@@ -60,6 +65,61 @@ def _add_move(server_module, objects) -> None:
   server_module.HANDLERS = (route, *server_module.HANDLERS)
 
 
+def _add_generations(server_module, objects) -> None:
+  def current(storage, bucket, name) -> int:
+    try:
+      return int(storage.get_file_obj(bucket, name)["generation"])
+    except objects.NotFound:
+      return 0  # GCS's "does not exist"
+
+  def failed(request, response, storage, name, read: bool) -> bool:
+    """Answers 412 (or 304) when a precondition of the request does not hold."""
+    q = request.query
+    gen = current(storage, request.params["bucket_name"], name)
+    if "ifGenerationMatch" in q and int(q["ifGenerationMatch"][0]) != gen:
+      response.status = http.HTTPStatus.PRECONDITION_FAILED
+      return True
+    if "ifGenerationNotMatch" in q and int(q["ifGenerationNotMatch"][0]) == gen:
+      response.status = (http.HTTPStatus.NOT_MODIFIED if read
+                         else http.HTTPStatus.PRECONDITION_FAILED)
+      return True
+    return False
+
+  def insert(request, response, storage, *args, **kwargs):
+    name = (request.query.get("name") or [None])[0]
+    if name is not None and failed(request, response, storage, name, read=False):
+      return None
+    return objects.insert(request, response, storage, *args, **kwargs)
+
+  def download(request, response, storage, *args, **kwargs):
+    name = request.params["object_id"]
+    if failed(request, response, storage, name, read=True):
+      return None
+    gen = current(storage, request.params["bucket_name"], name)
+    if gen:
+      response["x-goog-generation"] = str(gen)
+      response["x-goog-metageneration"] = "1"
+    return objects.download(request, response, storage, *args, **kwargs)
+
+  def get(request, response, storage, *args, **kwargs):
+    if request.query.get("alt") == ["media"]:
+      return download(request, response, storage, *args, **kwargs)
+    if failed(request, response, storage, request.params["object_id"], read=True):
+      return None
+    return objects.get(request, response, storage, *args, **kwargs)
+
+  def delete(request, response, storage, *args, **kwargs):
+    if failed(request, response, storage, request.params["object_id"], read=False):
+      return None
+    return objects.delete(request, response, storage, *args, **kwargs)
+
+  swap = {objects.insert: insert, objects.download: download, objects.get: get,
+          objects.delete: delete}
+  server_module.HANDLERS = tuple(
+      (regex, {m: swap.get(f, f) for m, f in methods.items()})
+      for regex, methods in server_module.HANDLERS)
+
+
 def _accept_concurrently(server_module) -> None:
   one_at_a_time = threading.Lock()
   handle = server_module.Router.handle
@@ -87,6 +147,7 @@ def main(port: int, bucket: str) -> None:
   from gcp_storage_emulator.handlers import objects  # pylint: disable=g-import-not-at-top
   logging.basicConfig(level=logging.CRITICAL)
   _add_move(server, objects)
+  _add_generations(server, objects)
   _accept_concurrently(server)
   gcs = server.create_server("127.0.0.1", port, in_memory=True, default_bucket=bucket)
   signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
