@@ -25,6 +25,11 @@ INSTALL_REQUIRES = [
     "matplotlib==3.11.2",
     "sentencex==1.0.32",  # sentence splitter (Rust, Wikimedia): ~1000x faster than pysbd here
     "importlib-resources==7.1.0",  # tfds builders need it (etils.epath) and do not declare it
+    # gs:// workdirs, corpora and TFDS data_dirs (encoder_jax.paths): etils.epath reaches GCS
+    # through fsspec + gcsfs. A runtime requirement, not an extra: buckets are how pod runs
+    # keep their checkpoints, and a missing gcsfs would only fail once the job has started.
+    "fsspec==2026.9.0",
+    "gcsfs==2026.10.1",
 ]
 
 TEST_REQUIRES = [
@@ -36,6 +41,9 @@ TEST_REQUIRES = [
     # `torch` pulls a multi-GB CUDA build.
     "torch==2.13.0",
     "transformers==5.24.0",
+    # A GCS JSON API on 127.0.0.1 for the gs:// end-to-end tests (tests/gcs); no network.
+    "gcp-storage-emulator==2026.7.19",
+    "ruff==0.17.5",  # lint (pyproject.toml), run by .ci/run before the tests
 ]
 
 setup(

@@ -37,6 +37,9 @@ import sys
 import time
 from typing import Callable, Sequence
 
+from etils import epath
+
+from encoder_jax import paths
 from experiments.grid import FinetuneJob, Grid, Point
 
 FINISHED = ("steps", "flops_budget")
@@ -44,8 +47,9 @@ REPO = pathlib.Path(__file__).resolve().parents[1]  # commands name configs/ rel
 DIVERGED = "non_finite"
 
 
-def point_dir(workdir: str | os.PathLike, point: Point) -> pathlib.Path:
-  return pathlib.Path(workdir) / point.name
+def point_dir(workdir: str | os.PathLike, point: Point) -> epath.Path:
+  """<workdir>/<point>: a local folder or gs://... (every file goes through etils.epath)."""
+  return epath.Path(workdir) / point.name
 
 
 def point_record(point: Point) -> dict:
@@ -55,7 +59,7 @@ def point_record(point: Point) -> dict:
   return json.loads(json.dumps(d, default=str))
 
 
-def pretrain_state(pdir: pathlib.Path) -> str:
+def pretrain_state(pdir: epath.Path) -> str:
   """'done' | 'diverged' | 'partial' (checkpoints or a summary, not finished) | 'todo'."""
   summary = pdir / "pretrain" / "summary.json"
   if summary.exists():
@@ -71,7 +75,7 @@ def pretrain_state(pdir: pathlib.Path) -> str:
   return "partial" if (pdir / "pretrain" / "checkpoints").exists() else "todo"
 
 
-def finetune_done(pdir: pathlib.Path, job: FinetuneJob) -> bool:
+def finetune_done(pdir: epath.Path, job: FinetuneJob) -> bool:
   path = pdir / job.dirname / "results.json"
   if not path.exists():
     return False
@@ -101,12 +105,13 @@ def finetune_command(point: Point, job: FinetuneJob, workdir,
                      python: str = sys.executable) -> list[str]:
   pdir = point_dir(workdir, point)
   return [python, "-m", "encoder_jax.finetune.main", f"--workdir={pdir / job.dirname}",
-          f"--config=configs/finetune.py:task={job.task},init=ckpt:{pdir / 'pretrain' / 'checkpoints'},"
+          f"--config=configs/finetune.py:task={job.task},"
+          f"init=ckpt:{pdir / 'pretrain' / 'checkpoints'},"
           f"run={job.run}", f"--config.seeds={job.seeds}",
           *[f"--config.{k}={v}" for k, v in job.overrides.items()]]
 
 
-def _check_definition(pdir: pathlib.Path, point: Point, rerun_changed: bool) -> None:
+def _check_definition(pdir: epath.Path, point: Point, rerun_changed: bool) -> None:
   path = pdir / "point.json"
   record = point_record(point)
   if path.exists():
@@ -118,10 +123,10 @@ def _check_definition(pdir: pathlib.Path, point: Point, rerun_changed: bool) -> 
             f"{pdir} holds a run of a different definition of point {point.name!r} (changed: "
             f"{changed}). Nothing was touched. Move that directory away to keep it, or pass "
             "--rerun_changed to delete and redo it.")
-      import shutil
-      shutil.rmtree(pdir)
-  pdir.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps(record, indent=1) + "\n")
+      pdir.rmtree()
+  if not paths.is_uri(pdir):
+    pdir.mkdir(parents=True, exist_ok=True)
+  paths.write_atomic(path, json.dumps(record, indent=1) + "\n")
 
 
 class _LogTee:
@@ -158,11 +163,11 @@ class InProcess:
   def __init__(self, echo: Callable[[str], None] = print):
     self.echo = echo
 
-  def _call(self, what: str, fn: Callable[[], object], log: pathlib.Path) -> int:
+  def _call(self, what: str, fn: Callable[[], object], log: epath.Path) -> int:
     import contextlib
     import gc
     import traceback
-    with open(log, "a") as f:
+    with paths.Appender(log, min_interval_s=10.0) as f:  # a local file or an object on gs://
       f.write(f"\n# in process: {what}\n")
       f.flush()
       try:
@@ -226,15 +231,17 @@ def finetune_config(point: Point, job: FinetuneJob, workdir):
   return config
 
 
-def _run_logged(cmd: Sequence[str], log: pathlib.Path, echo: Callable[[str], None]) -> int:
-  """Runs cmd, appending its output to `log` and echoing its progress lines."""
-  with open(log, "a") as f:
+def _run_logged(cmd: Sequence[str], log: epath.Path, echo: Callable[[str], None]) -> int:
+  """Runs cmd, appending its output to `log` and echoing its progress lines (a log on a
+  bucket is uploaded whole at most every 10 s, see paths.Appender)."""
+  with paths.Appender(log, min_interval_s=10.0) as f:
     f.write(f"\n$ {shlex.join(cmd)}\n")
     f.flush()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             bufsize=1, cwd=REPO)
     for line in proc.stdout:
       f.write(line)
+      f.flush()
       if _is_progress(line):
         echo("    " + line.rstrip())
     return proc.wait()
@@ -251,13 +258,13 @@ def _is_progress(line: str) -> bool:
 def run_grid(grid: Grid, workdir, *, points: Sequence[Point] | None = None,
              rerun_changed: bool = False, keep_going: bool = False,
              python: str = sys.executable, echo: Callable[[str], None] = print,
-             execute: Callable[[Sequence[str], pathlib.Path], int] | None = None,
+             execute: Callable[[Sequence[str], epath.Path], int] | None = None,
              in_process: bool = False) -> dict:
   """Runs every unfinished point in order; returns {point name: final status}.
 
   `execute(cmd, log_path) -> exit code` replaces the subprocess call (tests); `in_process`
   calls the trainer and fine-tuning as functions instead (see InProcess)."""
-  workdir = pathlib.Path(workdir).resolve()
+  workdir = paths.absolute(workdir)  # a local folder or gs://
   points = list(points or grid.points)
   if in_process and execute is not None:
     raise ValueError("run_grid: give `execute` or in_process=True, not both.")
@@ -316,7 +323,9 @@ def run_grid(grid: Grid, workdir, *, points: Sequence[Point] | None = None,
 
 def _elapsed(t0: float) -> str:
   s = int(time.time() - t0)
-  return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+  if s >= 3600:
+    return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s"
+  return f"{s // 60}m{s % 60:02d}s"
 
 
 LAUNCHERS = ("local", "tpu_pod", "slurm")

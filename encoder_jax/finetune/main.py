@@ -7,10 +7,10 @@
 from __future__ import annotations
 
 import json
-import pathlib
 import sys
 
 from absl import app, flags, logging
+from etils import epath
 from ml_collections import config_flags
 
 from encoder_jax import cli
@@ -36,7 +36,7 @@ def main(argv):
   if FLAGS.report:
     results = []
     for d in FLAGS.report:
-      path = pathlib.Path(d) / "results.json"
+      path = epath.Path(d) / "results.json"
       if not path.exists():
         raise app.UsageError(f"--report: {path} does not exist (was the run finished?)")
       results.append(json.loads(path.read_text()))

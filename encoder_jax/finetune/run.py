@@ -1,7 +1,7 @@
 """`finetune_and_evaluate(config, workdir)`: N seeds from one backbone, results to JSON + a
 markdown table, optional pooled-embedding export. `config` is configs/finetune.py's ConfigDict.
 
-Outputs in workdir:
+Outputs in workdir (a local folder or gs://bucket/...; written through encoder_jax.paths):
   results.json   config, backbone, data sizes, one record per seed (best epoch, dev and test
                  metrics, per-epoch history, rates) and the median / mean / std over seeds
   results.md     the same summary as a markdown table (`markdown_table` joins several runs)
@@ -10,16 +10,18 @@ Outputs in workdir:
 """
 from __future__ import annotations
 
+import io
 import json
-import pathlib
 import time
 from typing import Any
 
+from etils import epath
 import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
+from encoder_jax import paths
 from encoder_jax.finetune import backbone as backbone_lib
 from encoder_jax.finetune import metrics as metrics_lib
 from encoder_jax.finetune import tasks as tasks_lib
@@ -54,7 +56,7 @@ def _tokenizer(config, bb: backbone_lib.Backbone):
   if vocab:
     path = resolve_vocab(vocab, config.cache_dir or None)
   elif bb.source.startswith("hf:"):
-    path = pathlib.Path(bb.source[3:]) / "vocab.txt"
+    path = epath.Path(bb.source[3:]) / "vocab.txt"
   else:
     path = minilm_vocab(config.cache_dir or None)
   tok = WordPieceTokenizer.from_vocab(path, lowercase=config.lowercase)
@@ -85,8 +87,9 @@ def finetune_and_evaluate(config, workdir: str) -> dict[str, Any]:
   """Runs config.seeds fine-tuning seeds (config.seed, config.seed + 1, ...) from one
   backbone; writes results.json and results.md to workdir and returns the results dict."""
   t_start = time.time()
-  workdir = pathlib.Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
+  workdir = paths.absolute(workdir)  # local or gs:// (encoder_jax.paths)
+  if not paths.is_uri(workdir):
+    workdir.mkdir(parents=True, exist_ok=True)
   spec = tasks_lib.get_task(config.task)
   if config.seeds < 1:
     raise ValueError(f"seeds={config.seeds}; run at least one seed.")
@@ -126,8 +129,8 @@ def finetune_and_evaluate(config, workdir: str) -> dict[str, Any]:
       "config": config.to_dict(), "data_rows": {s: len(e) for s, e in data.items()},
       "runs": runs, "summary": summarize_runs(runs), "seconds": round(time.time() - t_start, 1),
   }
-  (workdir / "results.json").write_text(json.dumps(results, indent=1, default=float) + "\n")
-  (workdir / "results.md").write_text(markdown_table([results]) + "\n")
+  paths.write_atomic(workdir / "results.json", json.dumps(results, indent=1, default=float) + "\n")
+  paths.write_atomic(workdir / "results.md", markdown_table([results]) + "\n")
   logging.info("wrote %s and results.md (%.0f s)", workdir / "results.json",
                time.time() - t_start)
   return results
@@ -171,11 +174,12 @@ def markdown_table(results: list[dict[str, Any]]) -> str:
   return "\n".join(lines)
 
 
-def export_embeddings(model, spec, data, config, out_dir: pathlib.Path) -> list[pathlib.Path]:
+def export_embeddings(model, spec, data, config, out_dir: epath.Path) -> list[epath.Path]:
   """Pooled sentence embeddings ([CLS] or masked mean of the last layer) of the configured
   splits to .npy (float32 [N, D]), with the split's labels beside them."""
   from flax import nnx
-  out_dir.mkdir(parents=True, exist_ok=True)
+  if not paths.is_uri(out_dir):
+    out_dir.mkdir(parents=True, exist_ok=True)
   kind = config.export_pooling
   embed = nnx.jit(lambda m, ids, mask, types: pool(
       m.encoder(ids, mask, types).hidden_BxTxD, mask, kind))
@@ -193,17 +197,23 @@ def export_embeddings(model, spec, data, config, out_dir: pathlib.Path) -> list[
       chunks.append(np.asarray(jax.device_get(e))[:len(idx)])
     stem = f"{spec.name.replace('/', '_')}_{split}_{kind}"
     path = out_dir / f"{stem}.npy"
-    np.save(path, np.concatenate(chunks).astype(np.float32))
+    _save_npy(path, np.concatenate(chunks).astype(np.float32))
     written.append(path)
     if "labels" in enc.arrays:
-      np.save(out_dir / f"{stem}_labels.npy", enc.arrays["labels"])
+      _save_npy(out_dir / f"{stem}_labels.npy", enc.arrays["labels"])
     logging.info("exported %s embeddings of %s/%s to %s", kind, spec.name, split, path)
   return written
 
 
-def _save_params(path: pathlib.Path, model) -> None:
+def _save_npy(path: epath.Path, array: np.ndarray) -> None:
+  buf = io.BytesIO()
+  np.save(buf, array)
+  paths.write_atomic(path, buf.getvalue())
+
+
+def _save_params(path: epath.Path, model) -> None:
   import orbax.checkpoint as ocp
   from flax import nnx
   ckptr = ocp.StandardCheckpointer()
-  ckptr.save(path.resolve(), nnx.to_pure_dict(nnx.state(model, nnx.Param)), force=True)
+  ckptr.save(paths.absolute(path), nnx.to_pure_dict(nnx.state(model, nnx.Param)), force=True)
   ckptr.wait_until_finished()

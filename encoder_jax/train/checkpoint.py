@@ -13,9 +13,11 @@ FLOPs, the rollback step, the open metrics window). The RNG is not stored: every
 from (config.seed, step), and the config is in the workdir.
 
 A checkpoint counts once it is sealed: Orbax writes into a temporary folder and renames it
-into place when every file is complete, and then a background thread writes `checksums.json`
-(size and sha256 of every file; hashed by hand because Orbax and TensorStore record no
-checksums of their own). Restore verifies them, so a flipped bit, random bytes, a truncated,
+into place when every file is complete (on a gs:// bucket, which has no rename, it writes in
+place and marks the step complete with a commit_success.txt), and then a background thread
+writes `checksums.json` (size and sha256 of every file; hashed by hand because Orbax and
+TensorStore record no checksums of their own). Restore verifies them, so a flipped bit, random
+bytes, a truncated,
 missing or emptied file is reported by step and file instead of restoring silently wrong
 numbers or failing deep inside Orbax; the damaged checkpoint is moved to
 `<directory>_set_aside/<step>` with a `why.txt`, and the run falls back to the newest good one.
@@ -47,6 +49,8 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from encoder_jax import paths
+
 CHECKSUMS = "checksums.json"
 _TMP_MARK = ".orbax-checkpoint-tmp"  # Orbax's suffix for a step folder still being written
 
@@ -72,13 +76,7 @@ def _sha256(path: epath.Path) -> str:
 
 def _files(step_dir: epath.Path) -> list[str]:
   """Every file under `step_dir` (relative, sorted), the checksum file itself excluded."""
-  out = []
-  for root, _, names in step_dir.walk():
-    for name in names:
-      rel = str((epath.Path(root) / name).relative_to(step_dir))
-      if rel != CHECKSUMS:
-        out.append(rel)
-  return sorted(out)
+  return [rel for rel in paths.files_under(step_dir) if rel != CHECKSUMS]
 
 
 def _hash_all(step_dir: epath.Path, rels: Sequence[str]) -> list[str]:
@@ -93,9 +91,8 @@ def seal(step_dir: str | epath.PathLike) -> dict[str, dict]:
   rels = _files(step_dir)
   sums = {rel: {"size": (step_dir / rel).stat().length, "sha256": digest}
           for rel, digest in zip(rels, _hash_all(step_dir, rels))}
-  tmp = step_dir / (CHECKSUMS + ".tmp")
-  tmp.write_text(json.dumps({"files": sums}, indent=1, sort_keys=True))
-  tmp.rename(step_dir / CHECKSUMS)  # whole or absent: a kill mid-write leaves it unsealed
+  # Whole or absent: a kill mid-write leaves the step unsealed.
+  paths.write_atomic(step_dir / CHECKSUMS, json.dumps({"files": sums}, indent=1, sort_keys=True))
   return sums
 
 
@@ -153,7 +150,7 @@ class Checkpointer:
     if keep < 1:
       raise ValueError(f"train.keep={keep}: keep at least one checkpoint, or resume is "
                        "impossible.")
-    self.directory = epath.Path(directory).expanduser().absolute()
+    self.directory = paths.absolute(directory)  # a gs:// URI stays one
     self._policy = _NewestAndRollback(keep)
     self._primary = jax.process_index() == 0
     self.manager = ocp.CheckpointManager(
@@ -281,8 +278,7 @@ class Checkpointer:
     return target
 
   def _move_aside(self, step: int, why: str) -> epath.Path:
-    aside_root = self.directory.parent / f"{self.directory.name}_set_aside"
-    aside_root.mkdir(parents=True, exist_ok=True)
+    aside_root = paths.make_folder(self.directory.parent / f"{self.directory.name}_set_aside")
     target, n = aside_root / str(step), 1
     while target.exists():
       target, n = aside_root / f"{step}.{n}", n + 1

@@ -12,6 +12,9 @@ What a run leaves in `workdir`:
   metrics.jsonl    train rows every `train.log_every` steps, eval rows every `train.eval_every`
   tensorboard/     the same scalars as event files (tensorboardX)
   summary.json     steps, stop reason, wall time, tokens/s, MFU, final train/eval loss
+The workdir may be a local folder or a bucket (--workdir=gs://bucket/runs/x): every file goes
+through encoder_jax.paths (etils.epath). Process 0 alone writes config.json, metrics,
+TensorBoard and the summary; checkpoints are written by all processes together (Orbax).
 
 Steps are numbered by completed updates: "step s" is the state after s calls of the step, and
 the metrics logged at s are those of the call that produced it. One call is one micro-batch;
@@ -49,17 +52,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import signal
 import threading
 import time
 from typing import Any
 
 from absl import logging
+from etils import epath
 import jax
 import ml_collections
 import numpy as np
 
+from encoder_jax import paths
 from encoder_jax.data import builders, examples, pipeline, unigram
 from encoder_jax.data.builders import resolve_vocab
 from encoder_jax.data.tokenizer import WordPieceTokenizer
@@ -271,8 +275,9 @@ class _Preemption:
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Trains (resuming from `workdir` if it holds checkpoints), evaluates; returns the summary."""
   t_start = time.perf_counter()
-  workdir = os.path.abspath(workdir)
-  os.makedirs(workdir, exist_ok=True)
+  workdir = paths.absolute(workdir)  # a gs:// workdir stays one (encoder_jax.paths)
+  if not paths.is_uri(workdir):  # (a bucket needs no folders)
+    workdir.mkdir(parents=True, exist_ok=True)
   s = build(config)
   t = config.train
   log_every, ckpt_every, eval_every = t.log_every, t.checkpoint_every, t.eval_every
@@ -298,7 +303,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
     unigram_logp_V = jax.numpy.asarray(unigram.unigram_log_probs(counts, s.obj.special_ids))
     unigram_h = unigram.unigram_entropy(counts, s.obj.special_ids)
   train_it = iter(train_loader)
-  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), keep=t.keep)
+  ckpt = Checkpointer(workdir / "checkpoints", keep=t.keep)
   writer = None
   try:
     start, branch = recovery.choose_start(ckpt, t, _say)
@@ -517,7 +522,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   return summary
 
 
-def _write_summary(workdir: str, summary: dict) -> None:
+def _write_summary(workdir: epath.Path, summary: dict) -> None:
   if jax.process_index() == 0:
-    with open(os.path.join(workdir, SUMMARY_FILE), "w") as f:
-      json.dump(summary, f, indent=2, default=float)
+    paths.write_atomic(workdir / SUMMARY_FILE, json.dumps(summary, indent=2, default=float))

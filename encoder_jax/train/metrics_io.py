@@ -10,26 +10,65 @@ floats written with Python's repr (round-trips float32 values exactly, so per-st
 two runs can be compared bit for bit). On resume, lines of steps after the restored checkpoint
 (work the killed process did and the resumed one repeats) are dropped, and TensorBoard is
 told to purge its events from that step on, so each step appears once in both.
-Only process 0 writes.
+Only process 0 writes. Both go through encoder_jax.paths, so a gs:// workdir works: there
+metrics.jsonl is rewritten whole at every row (objects cannot be appended to), and the event
+file is uploaded whole at every flush (paths.Appender's rule, through etils.epath).
 """
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
 import sys
 import threading
 import time
+import uuid
 from typing import Mapping
 
+from etils import epath
 import jax
+
+from encoder_jax import paths
 
 METRICS_FILE = "metrics.jsonl"
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict]:
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  return [json.loads(line) for line in epath.Path(path).read_text().splitlines() if line.strip()]
+
+
+class _EventFileOnAnyPath:
+  """tensorboardX's event-file writer for URIs, through etils.epath: keeps the bytes and
+  uploads them whole at each flush (tensorboardX's own gs:// writer would be a second GCS
+  client with its own credentials and endpoint settings)."""
+
+  def __init__(self, path: str):
+    self.path = epath.Path(path)
+    self.buffer = io.BytesIO()
+    self.closed = False
+
+  def write(self, data: bytes) -> None:
+    self.buffer.write(data)
+
+  def flush(self) -> None:
+    self.path.write_bytes(self.buffer.getvalue())
+
+  def close(self) -> None:
+    if not self.closed:
+      self.flush()
+      self.closed = True
+
+
+class _EventFilesOnAnyPath:
+  def open(self, path: str) -> _EventFileOnAnyPath:
+    return _EventFileOnAnyPath(path)
+
+  def directory_check(self, path: str) -> None:
+    del path  # an object store needs no folders
+
+
+_EVENT_FILE_SCHEMES = ("gs",)
 
 
 def _summary_writer_class():
@@ -47,6 +86,9 @@ def _summary_writer_class():
     finally:
       del sys.modules["torch"]
   from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+  from tensorboardX import record_writer  # pylint: disable=g-import-not-at-top
+  for scheme in _EVENT_FILE_SCHEMES:
+    record_writer.register_writer_factory(scheme, _EventFilesOnAnyPath())
   return SummaryWriter
 
 
@@ -55,17 +97,19 @@ class MetricWriter:
 
   def __init__(self, workdir: str | os.PathLike, *, resume_step: int = 0):
     self.enabled = jax.process_index() == 0
-    self.path = os.path.join(workdir, METRICS_FILE)
+    self.path = epath.Path(workdir) / METRICS_FILE
     self._tb = self._file = None
     if not self.enabled:
       return
-    if resume_step and os.path.exists(self.path):
+    if resume_step and self.path.exists():
       kept = [r for r in read_jsonl(self.path) if r.get("step", 0) <= resume_step]
-      with open(self.path, "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in kept)
-    self._tb = _summary_writer_class()(os.path.join(workdir, "tensorboard"),
-                             purge_step=resume_step + 1 if resume_step else None)
-    self._file = open(self.path, "a")
+      paths.write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+    # A unique suffix per writer: event files are named by the second they were opened in, and
+    # on a bucket a resumed run opening one in the same second would replace the first's.
+    self._tb = _summary_writer_class()(os.fspath(epath.Path(workdir) / "tensorboard"),
+                                       purge_step=resume_step + 1 if resume_step else None,
+                                       filename_suffix=f".{uuid.uuid4().hex[:8]}")
+    self._file = paths.Appender(self.path)
 
   def write(self, step: int, split: str, scalars: Mapping[str, float]) -> None:
     if not self.enabled:

@@ -17,6 +17,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from encoder_jax import paths
 from encoder_jax.train.checkpoint import Checkpointer, CheckpointError
 
 CONFIG_FILE = "config.json"
@@ -91,7 +92,7 @@ class ConfigRecord:
 
   def _write(self):
     if self.enabled:
-      self.path.write_text(self.text)
+      paths.write_atomic(self.path, self.text)
 
   def commit(self) -> None:
     """Call once this run has sealed a checkpoint."""

@@ -7,7 +7,8 @@ NUM_PROCESSES processes x (8 / NUM_PROCESSES) CPU devices form one (2, 2, 2) mes
 global batch (encoder_jax.data.pipeline host sharding), runs 3 sharded MLM steps, writes a
 collective Orbax checkpoint, and saves its losses, gradient norms and the rows it read. With
 `restore_from` the (single) process instead restores that checkpoint onto its own mesh and
-saves the params.
+saves the params. The checkpoint goes to <OUT_DIR or restore_from>/ckpt, or to
+$CHECKPOINT_ROOT when set (e.g. gs://bucket/..., tests/gcs/test_gcs_multihost.py).
 """
 import os
 import sys
@@ -61,7 +62,8 @@ tr, init = S.create(cfg, obj, parts.tx, parts.schedule, seed=0)
 mesh = sh.make_mesh((2, 2, 2))
 abstract = jax.eval_shape(init)
 shardings = sh.state_shardings(abstract, mesh)
-ckpt = Checkpointer(os.path.join(out if restore_from is None else restore_from, "ckpt"),
+ckpt = Checkpointer(os.environ.get("CHECKPOINT_ROOT") or
+                    os.path.join(out if restore_from is None else restore_from, "ckpt"),
                     async_save=False)
 
 if restore_from is not None:
@@ -88,7 +90,8 @@ for _ in range(3):
   grad_norms.append(float(m["grad_norm"]))
 ckpt.save(3, state, data_state=it.get_state(), meta={})
 ckpt.close()
-flat = {jax.tree_util.keystr(p): np.asarray(jax.experimental.multihost_utils.process_allgather(x, tiled=True))
+allgather = jax.experimental.multihost_utils.process_allgather
+flat = {jax.tree_util.keystr(p): np.asarray(allgather(x, tiled=True))
         for p, x in jax.tree_util.tree_leaves_with_path(state.params)}
 np.savez(os.path.join(out, f"process{pid}.npz"), losses=np.array(losses),
          grad_norms=np.array(grad_norms), read=np.stack(read), **flat)

@@ -1,0 +1,116 @@
+"""Pre-training and fine-tuning with everything on gs://, against a GCS API on 127.0.0.1.
+
+The corpus is three text files in gs://bucket/corpus (data.source=files:<gs glob>), the
+tokenized corpus is built into data_dir=gs://bucket/tfds, and every run's workdir is
+gs://bucket/<run>. A run killed with SIGKILL after its first checkpoint resumes from the
+bucket and ends bit for bit where the uninterrupted run ends (state, data iterator,
+metrics.jsonl row for row); fine-tuning then starts from that gs:// checkpoint. The tiny
+trainer config is tests/train's (loop_helpers.tiny_config).
+"""
+import json
+import os
+import pathlib
+import signal
+
+from etils import epath
+import jax
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from encoder_jax.finetune import backbone, finetune_and_evaluate
+from encoder_jax.train import checkpoint, loop
+from loop_helpers import (DOCS, N, ROOT, assert_bitwise_equal, budget_for, eval_rows, restore,
+                          run_subprocess, tiny_config, train_rows, wait_for)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def env(gcs, tmp_path_factory):
+  base = tmp_path_factory.mktemp("gcs_loop")  # local: the driver, its marker, the XLA cache
+  bucket = epath.Path(gcs["root"])
+  for i, text in enumerate(DOCS):
+    (bucket / "corpus" / f"doc{i}.txt").write_text(text + "\n")
+  env = {"base": base, "source": f"files:{bucket}/corpus/doc*.txt",
+         "data_dir": f"{bucket}/tfds", "cache": str(base / "xla_cache"), "bucket": bucket}
+  old = {k: getattr(jax.config, k) for k in ("jax_compilation_cache_dir",
+                                             "jax_persistent_cache_min_compile_time_secs")}
+  jax.config.update("jax_compilation_cache_dir", env["cache"])
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  yield env
+  for k, v in old.items():
+    jax.config.update(k, v)
+
+
+@pytest.fixture(scope="module")
+def straight(env):
+  config = tiny_config(env)
+  config.train.flops_budget = budget_for(config, 2 * N)
+  workdir = f"{env['bucket']}/straight"
+  summary = loop.train_and_evaluate(config, workdir)
+  return dict(config=config, workdir=workdir, summary=summary)
+
+
+def test_a_run_on_a_bucket_writes_its_files_there(env, straight):
+  s, wd = straight["summary"], epath.Path(straight["workdir"])
+  assert s["steps"] == 2 * N and s["checkpoints"] == [N, 2 * N]
+  assert json.loads((wd / "summary.json").read_text())["steps"] == 2 * N
+  assert json.loads((wd / "config.json").read_text())["data"]["source"] == env["source"]
+  assert sorted(train_rows(wd)) == [4, 8, 12] and sorted(eval_rows(wd)) == [N, 2 * N]
+  assert any(p.name.startswith("events.out") for p in (wd / "tensorboard").iterdir())
+  for step in (N, 2 * N):
+    assert checkpoint.verify(wd / "checkpoints" / str(step)) is None
+  # The tokenized corpus was built once and published to the bucket's data_dir.
+  infos = list(epath.Path(env["data_dir"]).glob("pretrain_corpus/*/*/dataset_info.json"))
+  assert len(infos) == 1, infos
+  assert not (ROOT / "gs:").exists() and not pathlib.Path("gs:").exists()  # no local "gs:/"
+
+
+def test_sigkill_then_resume_from_the_bucket_is_bit_exact(env, straight):
+  config, workdir = straight["config"], f"{env['bucket']}/killed"
+  proc, marker = run_subprocess(env, config, workdir, hang_after=N + 2)  # inherits the GCS env
+  sealed = epath.Path(workdir) / "checkpoints" / str(N) / checkpoint.CHECKSUMS
+  wait_for(lambda: os.path.exists(marker) and sealed.exists(), proc, timeout=400)
+  proc.send_signal(signal.SIGKILL)
+  assert proc.wait(timeout=30) == -signal.SIGKILL
+  assert max(train_rows(workdir)) == N + 2  # the row of step 8: lost work past step 6
+
+  summary = loop.train_and_evaluate(config, workdir)
+  assert summary["resumed_from"] == N and summary["steps"] == 2 * N
+  want, got = train_rows(straight["workdir"]), train_rows(workdir)
+  assert sorted(got) == sorted(want) and all(got[s] == want[s] for s in want)
+  assert eval_rows(workdir) == eval_rows(straight["workdir"])
+  a, data_a, _ = restore(straight["workdir"], 2 * N, config)
+  b, data_b, _ = restore(workdir, 2 * N, config)
+  assert_bitwise_equal(a, b)  # step, params, optimizer state
+  assert data_a == data_b and data_a["step"] == 2 * N
+
+
+def test_finetune_from_the_gcs_checkpoint(env, straight):
+  workdir = straight["workdir"]
+  bb = backbone.load_backbone(f"ckpt:{workdir}")
+  assert bb.source == f"ckpt:{workdir}/checkpoints/{2 * N}/state"
+  assert bb.vocab == straight["config"].data.vocab  # read from the run's gs:// config.json
+  state, _, _ = restore(workdir, 2 * N, straight["config"])
+  want = jax.tree.leaves(state.params["bert"]["encoder"])
+  got = jax.tree.leaves(bb.encoder)
+  assert len(got) == len(want)
+  for x, y in zip(got, want):
+    np.testing.assert_array_equal(x, np.asarray(y))
+
+  sys_path = str(ROOT)
+  import sys  # pylint: disable=g-import-not-at-top
+  if sys_path not in sys.path:
+    sys.path.insert(0, sys_path)
+  from configs import finetune as finetune_config  # pylint: disable=g-import-not-at-top
+  c = finetune_config.get_config(f"task=glue/sst2,init=ckpt:{workdir}")
+  c.update(dict(max_length=32, length_bucket=0, epochs=1, batch_size=4, eval_batch_size=8,
+                seeds=1, log_every=1, cache_dir="", data_dir=""))
+  out = f"{env['bucket']}/finetune"
+  with tfds.testing.mock_data(num_examples=8):
+    results = finetune_and_evaluate(c, out)
+  saved = json.loads((epath.Path(out) / "results.json").read_text())
+  assert saved["backbone"] == bb.source and saved["summary"] == json.loads(
+      json.dumps(results["summary"]))
+  assert (epath.Path(out) / "results.md").read_text().startswith("| task | init | seeds |")
