@@ -2,47 +2,23 @@
 gs:// (the GCS API on 127.0.0.1, tests/gcs/conftest.py); 1 process x 8 devices restores it
 bit for bit. The worker is tests/train/multihost_worker.py with CHECKPOINT_ROOT on the bucket.
 """
-import os
 import pathlib
-import socket
-import subprocess
-import sys
 
 from etils import epath
 import numpy as np
 import pytest
 
 from encoder_jax.train import checkpoint
+from multihost_helpers import child_env, free_port, spawn, wait
 
 HERE = pathlib.Path(__file__).resolve().parent
-WORKER = HERE.parent / "train" / "multihost_worker.py"
 ROOT = HERE.parents[1]
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 def _spawn(pid, nproc, port, out, ckpt_root, *extra):
-  env = dict(os.environ, CHECKPOINT_ROOT=ckpt_root,  # (the GCS client settings: inherited)
-             PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-  return subprocess.Popen([sys.executable, str(WORKER), str(pid), str(nproc), str(port), str(out),
-                           *map(str, extra)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
-
-
-def _wait(procs, timeout=420):
-  for p in procs:
-    try:
-      out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-      for q in procs:
-        q.kill()
-      raise
-    assert p.returncode == 0, out[-4000:]
+  return spawn(pid, nproc, port, out, *extra,  # (the GCS client settings: inherited)
+               env=child_env(CHECKPOINT_ROOT=ckpt_root))
 
 
 def test_two_processes_write_one_gcs_checkpoint_that_one_process_restores(gcs, tmp_path):
@@ -50,14 +26,14 @@ def test_two_processes_write_one_gcs_checkpoint_that_one_process_restores(gcs, t
   two.mkdir()
   back.mkdir()
   ckpt_root = f"{gcs['root']}/multihost/ckpt"
-  port = _free_port()
-  _wait([_spawn(0, 2, port, two, ckpt_root), _spawn(1, 2, port, two, ckpt_root)])
+  port = free_port()
+  wait([_spawn(0, 2, port, two, ckpt_root), _spawn(1, 2, port, two, ckpt_root)])
   step_dir = epath.Path(ckpt_root) / "3"
   assert checkpoint.verify(step_dir) is None  # sealed by process 0, every file intact
   assert not (two / "ckpt").exists()  # nothing went to a local folder
   p0, p1 = np.load(two / "process0.npz"), np.load(two / "process1.npz")
 
-  _wait([_spawn(0, 1, _free_port(), back, ckpt_root, two)])
+  wait([_spawn(0, 1, free_port(), back, ckpt_root, two)])
   restored = np.load(back / "restored.npz")
   assert int(restored["step"]) == 3 and int(restored["data_step"]) == 3
   params = [k for k in p0.files if k.startswith("[")]
