@@ -1,6 +1,7 @@
 """Shared by test_loop.py and test_recovery.py: a tiny trainer config on a three-document
 corpus, and drivers that run the trainer in a fresh process (to kill it, signal it, or inject
 a fault into the checkpoint writer)."""
+import contextlib
 import os
 import pathlib
 import subprocess
@@ -188,3 +189,18 @@ def assert_bitwise_equal(a, b):
     x, y = np.asarray(x), np.asarray(y)
     assert x.dtype == y.dtype and x.shape == y.shape
     assert x.tobytes() == y.tobytes()
+
+
+@contextlib.contextmanager
+def compilation_cache(directory: str):
+  """JAX's persistent compilation cache in `directory` (every program cached) for the block:
+  the trainer tests run the same small programs many times."""
+  keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+  old = {k: getattr(jax.config, k) for k in keys}
+  jax.config.update("jax_compilation_cache_dir", directory)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  try:
+    yield
+  finally:
+    for k, v in old.items():
+      jax.config.update(k, v)

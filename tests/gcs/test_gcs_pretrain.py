@@ -20,7 +20,8 @@ import tensorflow_datasets as tfds
 
 from encoder_jax.finetune import backbone, finetune_and_evaluate
 from encoder_jax.train import checkpoint, loop
-from loop_helpers import (DOCS, N, ROOT, assert_bitwise_equal, budget_for, eval_rows, restore,
+from loop_helpers import (DOCS, N, ROOT, assert_bitwise_equal, budget_for, compilation_cache,
+                          eval_rows, restore,
                           run_subprocess, tiny_config, train_rows, wait_for)
 
 pytestmark = pytest.mark.slow
@@ -34,13 +35,8 @@ def env(gcs, tmp_path_factory):
     (bucket / "corpus" / f"doc{i}.txt").write_text(text + "\n")
   env = {"base": base, "source": f"files:{bucket}/corpus/doc*.txt",
          "data_dir": f"{bucket}/tfds", "cache": str(base / "xla_cache"), "bucket": bucket}
-  old = {k: getattr(jax.config, k) for k in ("jax_compilation_cache_dir",
-                                             "jax_persistent_cache_min_compile_time_secs")}
-  jax.config.update("jax_compilation_cache_dir", env["cache"])
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  yield env
-  for k, v in old.items():
-    jax.config.update(k, v)
+  with compilation_cache(env["cache"]):
+    yield env
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,4 @@
 """The trainer tests' shared corpus and compilation cache (tests/loop_helpers.py)."""
-import jax
 import pytest
 
 from encoder_jax.data import sources, tokenizer
@@ -17,13 +16,8 @@ def loop_base(tmp_path_factory):
 @pytest.fixture(scope="module")
 def env(loop_base):
   """The persistent compilation cache on, for the modules that run the trainer only."""
-  old = {k: getattr(jax.config, k) for k in ("jax_compilation_cache_dir",
-                                             "jax_persistent_cache_min_compile_time_secs")}
-  jax.config.update("jax_compilation_cache_dir", loop_base["cache"])
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  yield loop_base
-  for k, v in old.items():
-    jax.config.update(k, v)
+  with loop_helpers.compilation_cache(loop_base["cache"]):
+    yield loop_base
 
 
 @pytest.fixture(scope="session")
