@@ -15,7 +15,8 @@ import sys
 
 pid, nproc, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 restore_from = sys.argv[5] if len(sys.argv) > 5 else None
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={8 // nproc}"
+os.environ["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count={8 // nproc} "
+                           "--xla_backend_optimization_level=0")  # as tests/conftest.py
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402

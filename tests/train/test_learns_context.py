@@ -20,7 +20,7 @@ Guards every part of the pipeline at once: masking, data rows, attention, optimi
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("full_xla_optimization")]
 
 from configs import pretrain  # noqa: E402
 from encoder_jax.model import encoder as encoder_lib  # noqa: E402

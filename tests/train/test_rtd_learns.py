@@ -30,7 +30,7 @@ import math
 import jax.numpy as jnp
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("full_xla_optimization")]
 
 from configs import pretrain  # noqa: E402
 from encoder_jax.model import encoder as encoder_lib  # noqa: E402
