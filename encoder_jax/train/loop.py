@@ -22,6 +22,9 @@ with optim.accumulation_steps = k the optimizer applies an update every k calls.
 (log_every, eval_every, checkpoint_every) of 0 mean "never periodically"; the end of a run
 always logs, saves, and evaluates unless eval_steps = 0.
 
+The loop is built from the pieces in encoder_jax.train.loop_parts (throughput meter, pending
+metrics, rollback choice, schedule of periodic actions) and recovery.restore_or_init.
+
 Behaviour a user relies on:
   * Resume: a workdir holding checkpoints continues from the newest good one (damaged ones are
     set aside): parameters, optimizer state, step, data iterator and the metrics of the open
@@ -70,6 +73,7 @@ from encoder_jax.data.tokenizer import WordPieceTokenizer
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.objectives import pretraining
 from encoder_jax.train import flops as flops_lib
+from encoder_jax.train import loop_parts as parts
 from encoder_jax.train import recovery
 from encoder_jax.train import sharding
 from encoder_jax.train import step as step_lib
@@ -231,20 +235,6 @@ def initial_state(init_fn, state_shardings=None):
   return jitted()
 
 
-class NonFiniteError(FloatingPointError):
-  pass
-
-
-def _check_finite(step: int, m: dict[str, np.ndarray]) -> None:
-  for key in ("loss", "grad_norm"):
-    if not np.isfinite(m[key]):
-      raise NonFiniteError(step, key, float(m[key]))
-
-
-def _mean_rows(rows: list[dict[str, np.ndarray]]) -> dict[str, float]:
-  return {k: float(np.mean([r[k] for r in rows], dtype=np.float64)) for k in rows[0]}
-
-
 def _say(msg: str) -> None:
   if jax.process_index() == 0:
     print(msg, flush=True)
@@ -272,254 +262,223 @@ class _Preemption:
       signal.signal(signal.SIGTERM, self._old)
 
 
+def sharded_abstract_state(init_fn, mesh) -> tuple[Any, Any]:
+  """(the state's shapes with their shardings, the shardings): parameters and optimizer state
+  follow their logical axis names on `mesh` (encoder_jax.train.sharding)."""
+  abstract = jax.eval_shape(init_fn)
+  shardings = sharding.state_shardings(abstract, mesh)
+  return jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                      abstract, shardings), shardings
+
+
+def unigram_baseline(config: ml_collections.ConfigDict, obj: pretraining.ObjectiveConfig
+                     ) -> tuple[jax.Array, float]:
+  """(log-probabilities over the vocab, entropy) of the training split's unigram distribution:
+  the context-free baseline every evaluation is compared with."""
+  with Stage("counting the corpus's unigram frequencies"):
+    counts = unigram.unigram_counts(corpus_builder(config), "train", obj.vocab_size)
+  return (jax.numpy.asarray(unigram.unigram_log_probs(counts, obj.special_ids)),
+          unigram.unigram_entropy(counts, obj.special_ids))
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Trains (resuming from `workdir` if it holds checkpoints), evaluates; returns the summary."""
   t_start = time.perf_counter()
   workdir = paths.absolute(workdir)  # a gs:// workdir stays one (encoder_jax.paths)
   if not paths.is_uri(workdir):  # (a bucket needs no folders)
     workdir.mkdir(parents=True, exist_ok=True)
-  s = build(config)
-  t = config.train
-  log_every, ckpt_every, eval_every = t.log_every, t.checkpoint_every, t.eval_every
-  evaluating = t.eval_steps > 0
-
+  s, t = build(config), config.train
   # The mesh (data, fsdp, tensor) comes from config.mesh; nothing below depends on it:
-  # parameters and optimizer state follow their logical axis names, batches are split over
-  # data x fsdp, checkpoints restore into the shardings.
+  # batches are split over data x fsdp, checkpoints restore into the state's shardings.
   mesh = sharding.mesh_from_config(config.get("mesh", "auto"))
-  abstract = jax.eval_shape(s.init_fn)
-  state_shardings = sharding.state_shardings(abstract, mesh)
-  abstract = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
-                          abstract, state_shardings)
-  to_device = lambda batch: sharding.shard_batch(batch, mesh)
-
+  abstract, state_shardings = sharded_abstract_state(s.init_fn, mesh)
   with Stage(f"preparing the corpus ({config.data.source})"):
-    train_loader = make_loader(config, "train")
-    eval_loader = make_loader(config, config.data.eval_split) if evaluating else None
-  unigram_logp_V, unigram_h = None, None
-  if eval_loader is not None:  # the context-free baseline every eval line is compared with
-    with Stage("counting the corpus's unigram frequencies"):
-      counts = unigram.unigram_counts(corpus_builder(config), "train", s.obj.vocab_size)
-    unigram_logp_V = jax.numpy.asarray(unigram.unigram_log_probs(counts, s.obj.special_ids))
-    unigram_h = unigram.unigram_entropy(counts, s.obj.special_ids)
-  train_it = iter(train_loader)
+    train_it = iter(make_loader(config, "train"))
+    eval_loader = make_loader(config, config.data.eval_split) if t.eval_steps > 0 else None
+  baseline = unigram_baseline(config, s.obj) if eval_loader is not None else (None, None)
   ckpt = Checkpointer(workdir / "checkpoints", keep=t.keep)
-  writer = None
+  run = None
   try:
-    start, branch = recovery.choose_start(ckpt, t, _say)
-    meta = {}
-    if start:
-      with Stage(f"restoring checkpoint {start} from {ckpt.directory}"):
-        state, data_state, meta = ckpt.restore(start, abstract)
-      if int(state.step) != start:
-        raise ValueError(f"checkpoint {start} in {ckpt.directory} holds step "
-                         f"{int(state.step)}; the directory is corrupt or was written by "
-                         "another tool.")
-      if branch is not None and meta.get("branch") != branch:  # a new rollback starts here
-        data_state = dict(data_state, step=int(data_state["step"]) + branch["skip"])
-        if branch["skip"]:
-          _say(f"skipping {branch['skip']} batches after step {start} (train.skip_batches)")
-      train_it.set_state(data_state)
-    else:
-      with Stage("initialising the parameters"):
-        state = initial_state(s.init_fn, state_shardings)
-    branch = branch or meta.get("branch")
-    prior_wall_s = float(meta.get("wall_s", 0.0))
-    window = recovery.Window(meta.get("window"))
-    rollback = dict(meta.get("rollback") or {"step": None, "at": None})
-    if rollback["step"] not in ckpt.all_steps():
-      rollback = {"step": None, "at": None}
-    ckpt.protect(rollback["step"])
-    saved = ckpt.all_steps()  # steps with a checkpoint, for choosing the rollback
-    record = recovery.ConfigRecord(config, workdir, start, _say)
-
-    num_params = sum(x.size for x in jax.tree.leaves(state.params))
-    # MFU over every device the step runs on, at the peak of their kind (flops.peak_of_mesh).
+    begin = recovery.restore_or_init(ckpt, t, abstract,
+                                     lambda: initial_state(s.init_fn, state_shardings),
+                                     train_it, _say)
     n_peak, peak, kind = flops_lib.peak_of_mesh(mesh, t.peak_flops)
+    num_params = sum(x.size for x in jax.tree.leaves(begin.state.params))
     _say(f"{s.obj.objective} ({s.obj.sentence_task}) | {num_params:,} params | "
          f"batch {config.data.batch_size} x {config.data.max_length} | "
          f"{s.flops_per_step:.3g} FLOPs/step | peak {n_peak} x {peak / 1e9:.1f} GFLOP/s "
          f"({kind}{', measured per host' if mesh.devices.flat[0].platform == 'cpu' else ''}) | "
-         f"steps {start} -> {s.end_step} ({s.planned_stop})")
-
-    train_step = step_lib.make_train_step(s.trainer, state_shardings,
-                                          sharding.batch_sharding(mesh))
-    eval_step = step_lib.make_eval_step(s.trainer)
-    writer = MetricWriter(workdir, resume_step=start)
-
-    pending: list[tuple[int, dict]] = []  # metrics still on device, by step
-    perf = dict(mark_t=None, mark_step=start, excluded_s=0.0, steady_s=0.0, steady_steps=0)
-    last = dict(train={}, eval={}, compile_s=None)
-
-    def fetch():
-      """Brings pending metrics to the host and checks them; a must before saving a state."""
-      if pending:
-        values = jax.device_get([m for _, m in pending])
-        for (step_, _), m in zip(pending, values):
-          _check_finite(step_, m)
-          window.add(m)
-        pending.clear()
-
-    def promote_rollback(healthy_at: int):
-      """A check at `healthy_at` passed: the newest checkpoint before it becomes the rollback."""
-      older = [c for c in saved if c < healthy_at]
-      if older and (rollback["step"] is None or max(older) > rollback["step"]):
-        rollback.update(step=max(older), at=healthy_at)
-        ckpt.protect(rollback["step"])
-
-    def log(step: int):
-      scalars = window.take_means()
-      if scalars is None:
-        return
-      now = time.perf_counter()
-      n = step - perf["mark_step"]
-      if perf["mark_t"] is not None and n > 0:
-        dt = max(now - perf["mark_t"] - perf["excluded_s"], 1e-9)
-        perf["steady_s"] += dt
-        perf["steady_steps"] += n
-        scalars |= dict(step_time_s=dt / n, tokens_per_s=n * s.tokens_per_step / dt,
-                        **flops_lib.throughput(s.flops_per_step, dt / n, n_peak, peak))
-      scalars["cumulative_flops"] = step * s.flops_per_step
-      step_time = perf["steady_s"] / perf["steady_steps"] if perf["steady_steps"] else math.nan
-      writer.write(step, "train", scalars)
-      _say(progress_line(step, s.end_step, scalars, eta_s=(s.end_step - step) * step_time))
-      last["train"] = scalars
-      perf.update(mark_t=time.perf_counter(), mark_step=step, excluded_s=0.0)
-
-    def evaluate(step: int) -> bool:
-      """Scores the held-out batches; True when the loss is finite."""
-      t0 = time.perf_counter()
-      it = iter(eval_loader)
-      outs = [eval_step(state.params, to_device(next(it)), i, unigram_logp_V)
-              for i in range(t.eval_steps)]
-      scalars = _mean_rows(jax.device_get(outs))
-      writer.write(step, "eval", scalars)
-      _say(f"eval  step {step}: " + " ".join(f"{k} {v:.4g}" for k, v in sorted(scalars.items())
-                                             if not k.endswith("_count")))
-      last["eval"] = scalars
-      perf["excluded_s"] += time.perf_counter() - t0
-      return bool(np.isfinite(scalars["loss"]))
-
-    def save(step: int):
-      t0 = time.perf_counter()
-      fetch()  # every loss up to `step` is finite before its state is written
-      if any(c < step for c in ckpt.sealed):  # one of ours is sealed and its next step finite
-        record.commit()
-      ckpt.save(step, state, data_state=train_it.get_state(),
-                meta={"wall_s": prior_wall_s + time.perf_counter() - t_start,
-                      "cumulative_flops": step * s.flops_per_step, "window": window.state(),
-                      "rollback": rollback, "branch": branch})
-      saved.append(step)
-      perf["excluded_s"] += time.perf_counter() - t0
-
-    step, stop_reason = start, s.planned_stop
-    with _Preemption() as preemption:
-      try:
-        t_loop = time.perf_counter()
-        ahead = None  # metrics of the previous step: the host waits for it, staying <= 1 ahead
-        while step < s.end_step:
-          if preemption.flag.is_set():
-            stop_reason = "preempted"
-            break
-          batch = to_device(next(train_it))
-          if last["compile_s"] is None:  # this process's first step: time compilation apart
-            with Stage("compiling the train step (first step)"):
-              state, metrics = train_step(state, batch)
-              jax.block_until_ready(metrics)
-            last["compile_s"] = time.perf_counter() - t_loop
-            perf.update(mark_t=time.perf_counter(), mark_step=step + 1)
-          else:
-            state, metrics = train_step(state, batch)
-          step += 1
-          for x in jax.tree.leaves(metrics):
-            x.copy_to_host_async()  # start the transfer now; fetched at the next log step
-          pending.append((step, metrics))
-          # Without this wait the host would queue many steps ahead of an asynchronous
-          # device, and a preemption would first have to run them all before saving.
-          if ahead is not None:
-            jax.block_until_ready(ahead)
-          ahead = metrics
-          ckpt.poll()  # a failed save stops the run now, not one checkpoint later
-          is_log = (log_every > 0 and step % log_every == 0) or step == s.end_step
-          is_eval = evaluating and eval_every > 0 and step % eval_every == 0
-          is_ckpt = (ckpt_every > 0 and step % ckpt_every == 0) or step == s.end_step
-          if is_log or is_eval or is_ckpt:
-            fetch()
-          if is_log:
-            log(step)
-            if not (evaluating and eval_every > 0):  # no evaluations: the log row is the check
-              promote_rollback(step)
-          if is_eval and evaluate(step):  # before the save, so the rollback can be older
-            promote_rollback(step)
-          if is_ckpt:
-            save(step)
-        if stop_reason == "preempted":
-          if step > 0:  # (before any step there is nothing to save)
-            save(step)  # the open log window travels in the checkpoint; no partial row
-          ckpt.wait()
-          _say(f"SIGTERM: saved step {step} {time.perf_counter() - preemption.at:.1f} s after "
-               "the signal; exiting cleanly (a restart resumes from it)")
-        elif evaluating and not (eval_every > 0 and step % eval_every == 0 and step > start):
-          evaluate(step)  # the final numbers always include a held-out score
-        ckpt.wait()
-        checkpoints = ckpt.all_steps()
-        if ckpt.sealed:
-          record.commit()
-      except NonFiniteError as e:
-        ckpt.wait()  # saves in flight hold good states (checked before they started): finish
-        bad_step = e.args[0]
-        aside = None
-        if bad_step - 1 in ckpt.all_steps():
-          aside = ckpt.set_aside(bad_step - 1, f"checkpoint {bad_step - 1}: its next step, "
-                                 f"{bad_step}, gave a non-finite {e.args[1]}")
-        if set(ckpt.sealed) & set(ckpt.all_steps()):  # this run's config made kept states
-          record.commit()
-        msg = recovery.divergence_message(e, ckpt, aside, rollback,
-                                          config.optim.learning_rate)
-        _write_summary(workdir, dict(steps=bad_step, stop_reason="non_finite", error=msg,
-                                     last_good_checkpoint=ckpt.latest_step(),
-                                     rollback_checkpoint=rollback["step"]))
-        raise FloatingPointError(msg) from None
+         f"steps {begin.step} -> {s.end_step} ({s.planned_stop})")
+    run = _Run(s, config, workdir, begin, ckpt, train_it, eval_loader, baseline[0], mesh,
+               state_shardings, parts.ThroughputMeter(s.flops_per_step, s.tokens_per_step,
+                                                      n_peak, peak),
+               prior_wall_s=float(begin.meta.get("wall_s", 0.0)), t_start=t_start)
+    try:
+      stop_reason = run.train()
+    except parts.NonFiniteError as e:
+      run.diverged(e)
   finally:
-    if writer is not None:
-      writer.close()
+    if run is not None:
+      run.writer.close()
     ckpt.close()  # waits for saves in flight, whatever stopped the loop
 
   wall_s = time.perf_counter() - t_start
-  # No throughput figures when this process ran no step after the compiling one (e.g. a
-  # finished run started again: it only evaluates).
-  steady = perf["steady_steps"] > 0
-  steps_per_s = perf["steady_steps"] / perf["steady_s"] if steady else None
   summary = dict(
-      steps=step, stop_reason=stop_reason, resumed_from=start or None,
-      wall_s=wall_s, total_wall_s=prior_wall_s + wall_s, compile_s=last["compile_s"],
-      tokens_per_s=steps_per_s * s.tokens_per_step if steady else None,
-      flops_per_step=s.flops_per_step, cumulative_flops=step * s.flops_per_step,
-      flops_per_s=steps_per_s * s.flops_per_step if steady else None,
-      mfu=steps_per_s * s.flops_per_step / (n_peak * peak) if steady else None,
-      peak_flops=peak, peak_devices=n_peak,
-      num_params=num_params,
-      final_train_loss=last["train"].get("loss"), final_eval_loss=last["eval"].get("loss"),
-      final_train=last["train"], final_eval=last["eval"], unigram_entropy=unigram_h,
-      checkpoints=checkpoints, rollback_checkpoint=rollback["step"])
+      steps=run.step, stop_reason=stop_reason, resumed_from=begin.step or None,
+      wall_s=wall_s, total_wall_s=run.prior_wall_s + wall_s, compile_s=run.compile_s,
+      **run.meter.summary(), flops_per_step=s.flops_per_step,
+      cumulative_flops=run.step * s.flops_per_step, peak_flops=peak, peak_devices=n_peak,
+      num_params=num_params, final_train_loss=run.last_train.get("loss"),
+      final_eval_loss=run.last_eval.get("loss"), final_train=run.last_train,
+      final_eval=run.last_eval, unigram_entropy=baseline[1],
+      checkpoints=run.checkpoints, rollback_checkpoint=run.rollback.step)
   _write_summary(workdir, summary)
-  _say(f"done: {step} steps ({stop_reason}) in {format_duration(wall_s)}; summary "
+  _say(f"done: {run.step} steps ({stop_reason}) in {format_duration(wall_s)}; summary "
        + json.dumps({k: summary[k] for k in ("steps", "wall_s", "tokens_per_s", "mfu",
                                              "cumulative_flops", "final_train_loss",
                                              "final_eval_loss")}))
-  ev = last["eval"]
-  acc_key = next((k for k in ("mlm_accuracy", "gen_accuracy") if k in ev), None)
-  loss_key = next((k for k in ("mlm_loss", "gen_loss") if k in ev), None)
-  if "unigram_loss" in ev and acc_key and loss_key:
-    at = loss_key.replace("_loss", "_at_mask")
-    _say(f"held-out MLM at step {step}: accuracy {ev[acc_key]:.1%} (unigram baseline "
-         f"{ev['unigram_accuracy']:.1%}), loss {ev[loss_key]:.3f} nats = "
-         f"{ev['unigram_loss'] - ev[loss_key]:.3f} below the unigram baseline's "
-         f"{ev['unigram_loss']:.3f} (corpus unigram entropy {unigram_h:.3f}); at [MASK] "
-         f"inputs only: accuracy {ev[at + '_accuracy']:.1%} (unigram "
-         f"{ev['unigram_at_mask_accuracy']:.1%}), loss "
-         f"{ev['unigram_at_mask_loss'] - ev[at + '_loss']:.3f} below the unigram baseline")
+  line = parts.heldout_line(run.step, run.last_eval, baseline[1])
+  if line:
+    _say(line)
   return summary
+
+
+class _Run:
+  """One process's training from `begin` to the end step: the step loop and its periodic
+  actions (log, evaluate, save), built from encoder_jax.train.loop_parts."""
+
+  def __init__(self, s: Setup, config, workdir, begin: recovery.Begin, ckpt: Checkpointer,
+               train_it, eval_loader, unigram_logp_V, mesh, state_shardings,
+               meter: parts.ThroughputMeter, *, prior_wall_s: float, t_start: float):
+    t = config.train
+    self.s, self.t, self.config, self.workdir = s, t, config, workdir
+    self.state, self.step, self.start, self.branch = begin.state, begin.step, begin.step, \
+        begin.branch
+    self.ckpt, self.train_it, self.eval_loader = ckpt, train_it, eval_loader
+    self.unigram_logp_V, self.mesh, self.meter = unigram_logp_V, mesh, meter
+    self.prior_wall_s, self.t_start = prior_wall_s, t_start
+    self.window = recovery.Window(begin.meta.get("window"))
+    self.pending = parts.PendingMetrics(self.window)
+    self.rollback = parts.Rollback(ckpt, begin.meta.get("rollback"))
+    self.record = recovery.ConfigRecord(config, workdir, begin.step, _say)
+    self.schedule = parts.Schedule(t.log_every, t.eval_every, t.checkpoint_every, s.end_step,
+                                   evaluating=eval_loader is not None)
+    self.train_step = step_lib.make_train_step(s.trainer, state_shardings,
+                                               sharding.batch_sharding(mesh))
+    self.eval_step = step_lib.make_eval_step(s.trainer)
+    self.writer = MetricWriter(workdir, resume_step=begin.step)
+    self.compile_s, self.last_train, self.last_eval = None, {}, {}
+
+  def train(self) -> str:
+    """Steps to the end (or a SIGTERM); returns the stop reason."""
+    stop_reason, ahead = self.s.planned_stop, None
+    with _Preemption() as preemption:
+      t_loop = time.perf_counter()
+      while self.step < self.s.end_step:
+        if preemption.flag.is_set():
+          stop_reason = "preempted"
+          break
+        batch = sharding.shard_batch(next(self.train_it), self.mesh)
+        if self.compile_s is None:  # this process's first step: time compilation apart
+          with Stage("compiling the train step (first step)"):
+            self.state, metrics = self.train_step(self.state, batch)
+            jax.block_until_ready(metrics)
+          self.compile_s = time.perf_counter() - t_loop
+          self.meter.start(self.step + 1)
+        else:
+          self.state, metrics = self.train_step(self.state, batch)
+        self.step += 1
+        self.pending.push(self.step, metrics)
+        # Without this wait the host would queue many steps ahead of an asynchronous
+        # device, and a preemption would first have to run them all before saving.
+        if ahead is not None:
+          jax.block_until_ready(ahead)
+        ahead = metrics
+        self.ckpt.poll()  # a failed save stops the run now, not one checkpoint later
+        self.periodic(self.schedule.at(self.step))
+      if stop_reason == "preempted":
+        if self.step > 0:  # (before any step there is nothing to save)
+          self.save()  # the open log window travels in the checkpoint; no partial row
+        self.ckpt.wait()
+        _say(f"SIGTERM: saved step {self.step} {time.perf_counter() - preemption.at:.1f} s "
+             "after the signal; exiting cleanly (a restart resumes from it)")
+      elif self.schedule.needs_final_eval(self.step, self.start):
+        self.evaluate()
+    self.ckpt.wait()
+    self.checkpoints = self.ckpt.all_steps()
+    if self.ckpt.sealed:
+      self.record.commit()
+    return stop_reason
+
+  def periodic(self, due: parts.Due) -> None:
+    if due.any:
+      self.pending.fetch()
+    if due.log:
+      self.log()
+      if self.schedule.log_is_health_check:
+        self.rollback.healthy_at(self.step)
+    if due.eval and self.evaluate():  # before the save, so the rollback can be older
+      self.rollback.healthy_at(self.step)
+    if due.save:
+      self.save()
+
+  def log(self) -> None:
+    scalars = self.window.take_means()
+    if scalars is None:
+      return
+    scalars |= self.meter.lap(self.step)
+    scalars["cumulative_flops"] = self.step * self.s.flops_per_step
+    self.writer.write(self.step, "train", scalars)
+    _say(progress_line(self.step, self.s.end_step, scalars,
+                       eta_s=self.meter.eta_s(self.s.end_step - self.step)))
+    self.last_train = scalars
+    self.meter.mark(self.step)
+
+  def evaluate(self) -> bool:
+    """Scores the held-out batches; True when the loss is finite."""
+    t0 = time.perf_counter()
+    it = iter(self.eval_loader)
+    outs = [self.eval_step(self.state.params, sharding.shard_batch(next(it), self.mesh), i,
+                           self.unigram_logp_V) for i in range(self.t.eval_steps)]
+    rows = jax.device_get(outs)
+    scalars = {k: float(np.mean([r[k] for r in rows], dtype=np.float64)) for k in rows[0]}
+    self.writer.write(self.step, "eval", scalars)
+    _say(f"eval  step {self.step}: " + " ".join(
+        f"{k} {v:.4g}" for k, v in sorted(scalars.items()) if not k.endswith("_count")))
+    self.last_eval = scalars
+    self.meter.exclude(time.perf_counter() - t0)
+    return bool(np.isfinite(scalars["loss"]))
+
+  def save(self) -> None:
+    t0 = time.perf_counter()
+    self.pending.fetch()  # every loss up to this step is finite before its state is written
+    if any(c < self.step for c in self.ckpt.sealed):  # one of ours is sealed, its next step fine
+      self.record.commit()
+    self.ckpt.save(self.step, self.state, data_state=self.train_it.get_state(),
+                   meta={"wall_s": self.prior_wall_s + time.perf_counter() - self.t_start,
+                         "cumulative_flops": self.step * self.s.flops_per_step,
+                         "window": self.window.state(), "rollback": self.rollback.state(),
+                         "branch": self.branch})
+    self.rollback.saved_at(self.step)
+    self.meter.exclude(time.perf_counter() - t0)
+
+  def diverged(self, e: parts.NonFiniteError):
+    """Sets aside the state that produced the bad step, writes the summary and raises
+    FloatingPointError with the way to roll back and train on."""
+    self.ckpt.wait()  # saves in flight hold good states (checked before they started): finish
+    bad_step = e.args[0]
+    aside = None
+    if bad_step - 1 in self.ckpt.all_steps():
+      aside = self.ckpt.set_aside(bad_step - 1, f"checkpoint {bad_step - 1}: its next step, "
+                                  f"{bad_step}, gave a non-finite {e.args[1]}")
+    if set(self.ckpt.sealed) & set(self.ckpt.all_steps()):  # this config made kept states
+      self.record.commit()
+    msg = recovery.divergence_message(e, self.ckpt, aside, self.rollback.state(),
+                                      self.config.optim.learning_rate)
+    _write_summary(self.workdir, dict(steps=bad_step, stop_reason="non_finite", error=msg,
+                                      last_good_checkpoint=self.ckpt.latest_step(),
+                                      rollback_checkpoint=self.rollback.step))
+    raise FloatingPointError(msg) from None
 
 
 def _write_summary(workdir: epath.Path, summary: dict) -> None:

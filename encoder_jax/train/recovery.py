@@ -1,6 +1,7 @@
 """What a restarted pre-training run picks up, and what it says after a divergence.
 
   start, branch = choose_start(ckpt, config.train, say)   # newest good, or a rollback branch
+  begin = restore_or_init(ckpt, config.train, abstract, init, train_it, say)  # + the state
   window = Window(meta.get("window"))                     # the open log window, restored
   record = ConfigRecord(config, workdir, start, say)      # config.json and its history
   raise FloatingPointError(divergence_message(...))       # how to roll back and train on
@@ -9,6 +10,7 @@ Used by encoder_jax.train.loop, whose docstring states the behaviour these piece
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any, Callable
 
@@ -19,6 +21,7 @@ import numpy as np
 
 from encoder_jax import paths
 from encoder_jax.train.checkpoint import Checkpointer, CheckpointError
+from encoder_jax.train.metrics_io import Stage
 
 CONFIG_FILE = "config.json"
 
@@ -130,6 +133,38 @@ def choose_start(ckpt: Checkpointer, t: ml_collections.ConfigDict,
                                                 f"{want} (train.resume_step)"):
     say(f"rolling back to step {want}: checkpoint {step} moved to {aside}")
   return want, branch
+
+
+@dataclasses.dataclass
+class Begin:
+  """Where a run starts: its state, step (0 for a fresh one), branch and checkpoint meta."""
+  state: Any
+  step: int
+  branch: dict | None
+  meta: dict
+
+
+def restore_or_init(ckpt: Checkpointer, t: ml_collections.ConfigDict, abstract: Any,
+                    init: Callable[[], Any], data_it: Any,
+                    say: Callable[[str], None]) -> Begin:
+  """Restores the checkpoint `choose_start` picks into `abstract`'s shapes and shardings, and
+  the data iterator `data_it` to where it was (moved on by train.skip_batches when a rollback
+  branch starts here); or, with no checkpoint to resume, returns `init()`."""
+  start, branch = choose_start(ckpt, t, say)
+  if not start:
+    with Stage("initialising the parameters"):
+      return Begin(init(), 0, branch, {})
+  with Stage(f"restoring checkpoint {start} from {ckpt.directory}"):
+    state, data_state, meta = ckpt.restore(start, abstract)
+  if int(state.step) != start:
+    raise ValueError(f"checkpoint {start} in {ckpt.directory} holds step {int(state.step)}; "
+                     "the directory is corrupt or was written by another tool.")
+  if branch is not None and meta.get("branch") != branch:  # a new rollback starts here
+    data_state = dict(data_state, step=int(data_state["step"]) + branch["skip"])
+    if branch["skip"]:
+      say(f"skipping {branch['skip']} batches after step {start} (train.skip_batches)")
+  data_it.set_state(data_state)
+  return Begin(state, start, branch or meta.get("branch"), meta)
 
 
 def divergence_message(e: FloatingPointError, ckpt: Checkpointer, aside, rollback: dict,

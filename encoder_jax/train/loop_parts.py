@@ -1,0 +1,193 @@
+"""The pieces of the pre-training loop, each small enough for a unit test to drive alone.
+
+  meter = ThroughputMeter(flops_per_step, tokens_per_step, n_peak, peak)
+  pending = PendingMetrics(window)          # metrics on device until a log/eval/save step
+  rollback = Rollback(ckpt, meta.get("rollback"))
+  due = Schedule(log_every, eval_every, checkpoint_every, end_step, evaluating).at(step)
+
+encoder_jax.train.loop composes them (train_and_evaluate); its docstring states the behaviour
+they add up to. None of them touches the model: they take numbers, steps and a Checkpointer.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Callable
+
+import jax
+import numpy as np
+
+from encoder_jax.train import flops as flops_lib
+from encoder_jax.train.checkpoint import Checkpointer
+from encoder_jax.train.recovery import Window
+
+
+class NonFiniteError(FloatingPointError):
+  """args: (step, metric name, value)."""
+
+
+class ThroughputMeter:
+  """Steady-state speed between log rows, without the time spent outside training steps.
+
+  The first step of a process (compilation) is not counted: `start(step)` marks the clock after
+  it. Each `lap(step)` measures the steps since the last mark, minus the seconds reported with
+  `exclude` (evaluations, checkpoint saves), and returns step time, tokens/s, FLOP/s and MFU
+  (encoder_jax.train.flops.throughput); `mark(step)` restarts the clock once the row is
+  written, so writing it is not counted either.
+  """
+
+  def __init__(self, flops_per_step: float, tokens_per_step: int, n_devices: int,
+               peak_per_device: float, clock: Callable[[], float] = time.perf_counter):
+    self.flops_per_step, self.tokens_per_step = flops_per_step, tokens_per_step
+    self.n_devices, self.peak = n_devices, peak_per_device
+    self.clock = clock
+    self.mark_t, self.mark_step, self.excluded_s = None, 0, 0.0
+    self.steady_s, self.steady_steps = 0.0, 0
+
+  def mark(self, step: int) -> None:
+    self.mark_t, self.mark_step, self.excluded_s = self.clock(), step, 0.0
+
+  start = mark  # (after the compiling step)
+
+  def exclude(self, seconds: float) -> None:
+    self.excluded_s += seconds
+
+  def lap(self, step: int) -> dict[str, float]:
+    n = step - self.mark_step
+    if self.mark_t is None or n <= 0:
+      return {}
+    dt = max(self.clock() - self.mark_t - self.excluded_s, 1e-9)
+    self.steady_s += dt
+    self.steady_steps += n
+    return dict(step_time_s=dt / n, tokens_per_s=n * self.tokens_per_step / dt,
+                **flops_lib.throughput(self.flops_per_step, dt / n, self.n_devices, self.peak))
+
+  def eta_s(self, steps_left: int) -> float:
+    if not self.steady_steps:
+      return math.nan
+    return steps_left * self.steady_s / self.steady_steps
+
+  def summary(self) -> dict[str, float | None]:
+    """Mean tokens/s, FLOP/s and MFU over every counted step; None when none was (a finished
+    run started again only evaluates)."""
+    if not self.steady_steps:
+      return dict(tokens_per_s=None, flops_per_s=None, mfu=None)
+    steps_per_s = self.steady_steps / self.steady_s
+    flops_per_s = steps_per_s * self.flops_per_step
+    return dict(tokens_per_s=steps_per_s * self.tokens_per_step, flops_per_s=flops_per_s,
+                mfu=flops_per_s / (self.n_devices * self.peak))
+
+
+class PendingMetrics:
+  """Step metrics stay on device until a log, eval or save step needs them; `fetch` brings them
+  over in one transfer, checks loss and gradient norm (NonFiniteError names the first bad step)
+  and adds them to the log window in step order."""
+
+  CHECKED = ("loss", "grad_norm")
+
+  def __init__(self, window: Window):
+    self.window = window
+    self.items: list[tuple[int, dict]] = []
+
+  def push(self, step: int, metrics: dict) -> None:
+    for x in jax.tree.leaves(metrics):
+      x.copy_to_host_async()  # start the transfer now; fetched at the next log step
+    self.items.append((step, metrics))
+
+  def fetch(self) -> None:
+    if not self.items:
+      return
+    values = jax.device_get([m for _, m in self.items])
+    for (step, _), m in zip(self.items, values):
+      for key in self.CHECKED:
+        if not np.isfinite(m[key]):
+          self.items.clear()
+          raise NonFiniteError(step, key, float(m[key]))
+      self.window.add(m)
+    self.items.clear()
+
+
+class Rollback:
+  """The checkpoint a diverged run goes back to: the newest one saved before the latest health
+  check (a finite evaluation, or a log row when evaluation is off) that passed. Its next step
+  was finite whatever the learning rate, so it is protected from `keep`'s pruning. Its state
+  ({"step", "at"}) travels in every checkpoint's meta."""
+
+  def __init__(self, ckpt: Checkpointer, saved_state: dict | None = None):
+    self.ckpt = ckpt
+    self.saved = ckpt.all_steps()  # steps with a checkpoint, to choose from
+    state = dict(saved_state or {"step": None, "at": None})
+    if state["step"] not in self.saved:  # (set aside or deleted since)
+      state = {"step": None, "at": None}
+    self.step, self.at = state["step"], state["at"]
+    ckpt.protect(self.step)
+
+  def saved_at(self, step: int) -> None:
+    self.saved.append(step)
+
+  def healthy_at(self, step: int) -> None:
+    older = [c for c in self.saved if c < step]
+    if older and (self.step is None or max(older) > self.step):
+      self.step, self.at = max(older), step
+      self.ckpt.protect(self.step)
+
+  def state(self) -> dict:
+    return {"step": self.step, "at": self.at}
+
+
+@dataclasses.dataclass(frozen=True)
+class Due:
+  log: bool
+  eval: bool
+  save: bool
+
+  @property
+  def any(self) -> bool:
+    return self.log or self.eval or self.save
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+  """Which periodic actions fall on a step. An interval of 0 means never periodically; the end
+  step always logs and saves; evaluation needs `evaluating` (train.eval_steps > 0)."""
+  log_every: int
+  eval_every: int
+  checkpoint_every: int
+  end_step: int
+  evaluating: bool
+
+  def at(self, step: int) -> Due:
+    return Due(
+        log=(self.log_every > 0 and step % self.log_every == 0) or step == self.end_step,
+        eval=self.evaluating and self.eval_every > 0 and step % self.eval_every == 0,
+        save=(self.checkpoint_every > 0 and step % self.checkpoint_every == 0)
+        or step == self.end_step)
+
+  @property
+  def log_is_health_check(self) -> bool:
+    """Without periodic evaluations the log row is what promotes the rollback checkpoint."""
+    return not (self.evaluating and self.eval_every > 0)
+
+  def needs_final_eval(self, step: int, start: int) -> bool:
+    """The final numbers always include a held-out score: evaluate at the stop unless this
+    process has just done so at `step`."""
+    return self.evaluating and not (self.eval_every > 0 and step % self.eval_every == 0
+                                    and step > start)
+
+
+def heldout_line(step: int, ev: dict[str, float], unigram_entropy: float | None) -> str | None:
+  """The closing line on the held-out masked-LM scores against the unigram baseline, or None
+  when the evaluation has no MLM scores (or no baseline)."""
+  acc_key = next((k for k in ("mlm_accuracy", "gen_accuracy") if k in ev), None)
+  loss_key = next((k for k in ("mlm_loss", "gen_loss") if k in ev), None)
+  if "unigram_loss" not in ev or not acc_key or not loss_key:
+    return None
+  at = loss_key.replace("_loss", "_at_mask")
+  return (f"held-out MLM at step {step}: accuracy {ev[acc_key]:.1%} (unigram baseline "
+          f"{ev['unigram_accuracy']:.1%}), loss {ev[loss_key]:.3f} nats = "
+          f"{ev['unigram_loss'] - ev[loss_key]:.3f} below the unigram baseline's "
+          f"{ev['unigram_loss']:.3f} (corpus unigram entropy {unigram_entropy:.3f}); at [MASK] "
+          f"inputs only: accuracy {ev[at + '_accuracy']:.1%} (unigram "
+          f"{ev['unigram_at_mask_accuracy']:.1%}), loss "
+          f"{ev['unigram_at_mask_loss'] - ev[at + '_loss']:.3f} below the unigram baseline")
