@@ -28,6 +28,13 @@ Arguments after ':' are comma-separated key=value pairs (`runlocal` alone means 
              logs the path its step uses at start-up.
   runlocal   the demo recipe for a 2-core CPU (see `runlocal` below): leaves the unigram
              plateau in minutes
+  phase      1 | 2: BERT's two phases (Devlin et al. 2019, A.2; the google-research/bert
+             README): phase 1 trains on rows of 128 (90% of the steps), phase 2 on rows of 512
+             for 100k steps "to learn the positional embeddings", starting from phase 1's
+             parameters, which phase=2 requires as --config.init_from=<phase-1 workdir>. The
+             optimizer and the schedule restart (1,000 warm-up steps, linear decay over the
+             100k; BERT continued one schedule). The position table must already have 512
+             rows in phase 1 (model.max_positions, 512 for every size).   (default 1)
   precision  fp32 | bf16: bf16 computes activations and matmuls in bfloat16 while parameters,
              gradients and optimizer state stay float32 (the TPU/GPU setting; XLA:CPU has no
              fast bf16 path)                                              (default fp32)
@@ -78,7 +85,8 @@ def model_config(size: str, norm: str) -> ml_collections.ConfigDict:
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   args = parse_arg(arg, flags=("runlocal",), size="tiny", objective="mlm", nsp="none", format="",
-                   norm="", dropout="", runlocal="False", precision="fp32")
+                   norm="", dropout="", runlocal="False", precision="fp32",
+                   phase="1")
   # pre-LN and no dropout are part of the demo recipe (runlocal); BERT's otherwise.
   args["norm"] = args["norm"] or ("pre" if args["runlocal"] == "True" else "post")
   args["dropout"] = args["dropout"] or ("none" if args["runlocal"] == "True" else "bert")
@@ -95,6 +103,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.size = args["size"]
   config.seed = 0  # parameters, data order, masks, dropout: everything derives from it
+  config.phase = int(_choice("phase", args["phase"], ("1", "2")))
+  # Start a new run from existing parameters: a pre-training workdir (or one of its checkpoint
+  # step folders), a HF BERT/ELECTRA folder, or "minilm" (all-MiniLM-L6-v2). Fresh optimizer
+  # and schedule; a workdir with checkpoints resumes from them instead (train/init_from.py).
+  config.init_from = ""
   # Device mesh "data,fsdp,tensor" (one entry may be -1), or "auto": all devices data-parallel
   # on TPU/GPU, one device on CPU. E.g. FSDP over a pod: --config.mesh=1,-1,1.
   config.mesh = "auto"
@@ -174,6 +187,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     runlocal(config)
   elif args["runlocal"] != "False":
     raise ValueError(f"runlocal={args['runlocal']!r}; give it bare or as True/False.")
+  if config.phase == 2:
+    config.data.max_length = 512
+    config.train.steps = 100_000
+    config.optim.warmup_steps = 1_000
   return config
 
 

@@ -209,7 +209,7 @@ def main(argv):
     plot_curve(curve, run / "curve.png", str(run))
     print("\n".join(curve_lines(curve)) + f"\n{run / 'curve.png'}")
     return
-  from encoder_jax.train import loop  # pylint: disable=g-import-not-at-top
+  from encoder_jax.pretrain import pretrain  # pylint: disable=g-import-not-at-top
   t0 = time.time()
   workdir = pathlib.Path(FLAGS.workdir).resolve()
   pretrain_dir = workdir / "pretrain"
@@ -217,7 +217,7 @@ def main(argv):
   if unknown:
     raise app.UsageError(f"--inits: unknown {unknown}; choose from {sorted(INIT_LABELS)}.")
   print(f"[1/2] pre-training into {pretrain_dir}", flush=True)
-  summary = loop.train_and_evaluate(FLAGS.config, str(pretrain_dir))
+  summary = pretrain(FLAGS.config, str(pretrain_dir))
   summary["tokens_per_step"] = FLAGS.config.data.batch_size * FLAGS.config.data.max_length
   finetuned: dict[str, dict[str, dict]] = {}
   jobs = [(t, i) for t in FLAGS.tasks for i in FLAGS.inits]

@@ -23,7 +23,8 @@ from encoder_jax import cli
 
 FLAGS = flags.FLAGS
 MODES = {"pretrain": "train_and_evaluate(--config, --workdir): pre-train, resuming if --workdir "
-                     "holds checkpoints",
+                     "holds checkpoints (a new run starts from --config.init_from's parameters "
+                     "when given)",
          "demo": "import the all-MiniLM-L6-v2 checkpoint and print a similarity table of demo "
                  "sentences"}
 flags.DEFINE_enum("mode", None, list(MODES),
@@ -118,11 +119,11 @@ def main(argv):
                            "and --workdir (where checkpoints and metrics go).")
     print(f"pre-training into {FLAGS.workdir}: loading the trainer (TFDS, grain, Orbax) ...",
           flush=True)
-    from encoder_jax.train.loop import train_and_evaluate  # pylint: disable=g-import-not-at-top
     config = cli.loaded_config()
     if FLAGS.cache_dir and not config.data.cache_dir:
       config.data.cache_dir = FLAGS.cache_dir
-    train_and_evaluate(config, FLAGS.workdir)
+    from encoder_jax.pretrain import pretrain  # pylint: disable=g-import-not-at-top
+    pretrain(config, FLAGS.workdir)
 
 
 def run():

@@ -79,6 +79,7 @@ class Backbone:
   pooler: dict[str, Any] | None  # BERT's pooler {'dense': {kernel, bias}}, if the source had one
   source: str
   vocab: str | None = None  # the vocab the encoder was trained with, when the source says
+  params: dict[str, Any] | None = None  # every parameter of a pre-training run (ckpt: only)
 
 
 def load_backbone(init: str, *, model_overrides: dict[str, Any] | None = None,
@@ -203,7 +204,7 @@ def load_pretraining_checkpoint(path, **overrides) -> Backbone:
   numerics = {k: v for k, v in run.get("model", {}).items() if k in _NUMERICS}
   cfg = infer_model_config(enc, **{**numerics, **overrides})
   vocab = run.get("data", {}).get("vocab") or None
-  return Backbone(cfg, enc, pooler or None, f"ckpt:{item}", vocab)
+  return Backbone(cfg, enc, pooler or None, f"ckpt:{item}", vocab, params)
 
 
 # ModelConfig fields that leave no trace in parameter shapes; read from the pre-training run's

@@ -73,6 +73,7 @@ from encoder_jax.data.tokenizer import WordPieceTokenizer
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.objectives import pretraining
 from encoder_jax.train import flops as flops_lib
+from encoder_jax.train import init_from
 from encoder_jax.train import loop_parts as parts
 from encoder_jax.train import recovery
 from encoder_jax.train import sharding
@@ -109,6 +110,9 @@ def check_train_config(config: ml_collections.ConfigDict) -> None:
   if t.eval_every > 0 and t.eval_steps == 0:
     raise ConfigError(f"train.eval_every={t.eval_every} with train.eval_steps=0 asks for "
                       "evaluations of no batch: set eval_steps > 0, or eval_every=0.")
+  if config.get("phase", 1) == 2 and not config.get("init_from"):
+    raise ConfigError("phase=2 continues a phase-1 run: give --config.init_from=<phase-1 "
+                      "workdir> (BERT's seq-512 phase starts from phase 1's parameters).")
   if t.keep < 1:
     raise ConfigError(f"train.keep={t.keep}: keep at least one checkpoint, or resume is "
                       "impossible.")
@@ -281,8 +285,27 @@ def unigram_baseline(config: ml_collections.ConfigDict, obj: pretraining.Objecti
           unigram.unigram_entropy(counts, obj.special_ids))
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
-  """Trains (resuming from `workdir` if it holds checkpoints), evaluates; returns the summary."""
+def start_state(config: ml_collections.ConfigDict, s: Setup, state_shardings=None,
+                pretrained: init_from.Pretrained | None = None) -> step_lib.TrainState:
+  """A new run's state: initialised from the seed, with config.init_from's parameters put in."""
+  state = initial_state(s.init_fn, state_shardings)
+  if not config.get("init_from"):
+    return state
+  if pretrained is None:
+    raise ConfigError(f"config.init_from={config.init_from!r} is loaded by the entry point: run "
+                      "python -m encoder_jax.main --mode=pretrain (or call "
+                      "encoder_jax.pretrain.pretrain instead of train_and_evaluate).")
+  vocab = resolve_vocab(config.data.vocab, config.data.cache_dir or None)
+  return state._replace(params=init_from.apply(state.params, pretrained, s.obj.is_electra,
+                                               vocab, _say))
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                       pretrained: init_from.Pretrained | None = None) -> dict:
+  """Trains (resuming from `workdir` if it holds checkpoints), evaluates; returns the summary.
+
+  A new run starts from `pretrained`'s parameters when config.init_from names a source
+  (encoder_jax.pretrain.pretrain loads it; encoder_jax.train.init_from)."""
   t_start = time.perf_counter()
   workdir = paths.absolute(workdir)  # a gs:// workdir stays one (encoder_jax.paths)
   if not paths.is_uri(workdir):  # (a bucket needs no folders)
@@ -299,9 +322,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   ckpt = Checkpointer(workdir / "checkpoints", keep=t.keep)
   run = None
   try:
-    begin = recovery.restore_or_init(ckpt, t, abstract,
-                                     lambda: initial_state(s.init_fn, state_shardings),
-                                     train_it, _say)
+    begin = recovery.restore_or_init(
+        ckpt, t, abstract, lambda: start_state(config, s, state_shardings, pretrained),
+        train_it, _say)
     n_peak, peak, kind = flops_lib.peak_of_mesh(mesh, t.peak_flops)
     num_params = sum(x.size for x in jax.tree.leaves(begin.state.params))
     _say(f"{s.obj.objective} ({s.obj.sentence_task}) | {num_params:,} params | "
