@@ -181,6 +181,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       skip_batches=0,  # ... and skip the next this many batches of data (as PaLM did)
       flops_budget=0.0,  # stop once cumulative training FLOPs reach this (0: no budget)
       peak_flops=0.0,  # peak FLOP/s per device for MFU (0: by device kind; CPU measured)
+      # A jax.profiler trace of steps profile_steps+1 .. profile_steps+profile_num_steps into
+      # <workdir>/profile (TensorBoard's Profile tab); 0: none. Pick a step after the first
+      # (which compiles), e.g. --config.train.profile_steps=10.
+      profile_steps=0,
+      profile_num_steps=3,
   ))
 
   if args["runlocal"] == "True":

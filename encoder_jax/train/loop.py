@@ -390,6 +390,8 @@ class _Run:
                                                sharding.batch_sharding(mesh))
     self.eval_step = step_lib.make_eval_step(s.trainer)
     self.writer = MetricWriter(workdir, resume_step=begin.step)
+    self.profiler = parts.StepProfiler(t.get("profile_steps", 0), t.get("profile_num_steps", 3),
+                                       workdir / "profile")
     self.compile_s, self.last_train, self.last_eval = None, {}, {}
 
   def train(self) -> str:
@@ -402,6 +404,7 @@ class _Run:
           stop_reason = "preempted"
           break
         batch = sharding.shard_batch(next(self.train_it), self.mesh)
+        self.profiler.before(self.step)
         if self.compile_s is None:  # this process's first step: time compilation apart
           with Stage("compiling the train step (first step)"):
             self.state, metrics = self.train_step(self.state, batch)
@@ -411,6 +414,7 @@ class _Run:
         else:
           self.state, metrics = self.train_step(self.state, batch)
         self.step += 1
+        self.profiler.after(self.step, metrics)
         self.pending.push(self.step, metrics)
         # Without this wait the host would queue many steps ahead of an asynchronous
         # device, and a preemption would first have to run them all before saving.
@@ -419,6 +423,7 @@ class _Run:
         ahead = metrics
         self.ckpt.poll()  # a failed save stops the run now, not one checkpoint later
         self.periodic(self.schedule.at(self.step))
+      self.profiler.close()
       if stop_reason == "preempted":
         if self.step > 0:  # (before any step there is nothing to save)
           self.save()  # the open log window travels in the checkpoint; no partial row

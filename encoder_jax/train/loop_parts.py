@@ -4,6 +4,7 @@
   pending = PendingMetrics(window)          # metrics on device until a log/eval/save step
   rollback = Rollback(ckpt, meta.get("rollback"))
   due = Schedule(log_every, eval_every, checkpoint_every, end_step, evaluating).at(step)
+  profiler = StepProfiler(first, count, workdir / "profile")  # train.profile_steps
 
 encoder_jax.train.loop composes them (train_and_evaluate); its docstring states the behaviour
 they add up to. None of them touches the model: they take numbers, steps and a Checkpointer.
@@ -12,12 +13,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import tempfile
 import time
 from typing import Callable
+
+from etils import epath
 
 import jax
 import numpy as np
 
+from encoder_jax import paths
 from encoder_jax.train import flops as flops_lib
 from encoder_jax.train.checkpoint import Checkpointer
 from encoder_jax.train.recovery import Window
@@ -174,6 +179,49 @@ class Schedule:
     process has just done so at `step`."""
     return self.evaluating and not (self.eval_every > 0 and step % self.eval_every == 0
                                     and step > start)
+
+
+class StepProfiler:
+  """A jax.profiler trace of the steps first+1 .. first+count (the state after `first` goes in),
+  written under `logdir` in TensorBoard's layout (plugins/profile/<run>/*.xplane.pb: open the
+  workdir in TensorBoard, Profile tab; or Perfetto). first=0 profiles nothing; a run resumed
+  past `first` does not either. Call `before(step)` before running the step that makes
+  `step + 1` and `after(step, outputs)` once `step` is done. A bucket `logdir` gets the trace
+  copied up when it stops (the profiler itself writes a local folder)."""
+
+  def __init__(self, first: int, count: int, logdir, *, start=None, stop=None):
+    self.first, self.count, self.logdir = first, max(1, count), epath.Path(logdir)
+    self._start = start or jax.profiler.start_trace
+    self._stop = stop or jax.profiler.stop_trace
+    self.local = None  # the folder the trace goes to while it runs
+    self.done = first <= 0
+
+  def before(self, step: int) -> None:
+    if self.done or self.local is not None or step != self.first:
+      return
+    local = (epath.Path(tempfile.mkdtemp(prefix="profile_")) if paths.is_uri(self.logdir)
+             else self.logdir)
+    self._start(str(local))
+    self.local = local
+
+  def after(self, step: int, outputs) -> None:
+    if self.local is None or step < self.first + self.count:
+      return
+    jax.block_until_ready(outputs)  # the traced steps' device work is in the trace
+    self._stop()
+    if self.local != self.logdir:
+      for f in self.local.rglob("*"):
+        if f.is_file():
+          dest = self.logdir / f.relative_to(self.local)
+          dest.parent.mkdir(parents=True, exist_ok=True)
+          dest.write_bytes(f.read_bytes())
+    self.local, self.done = None, True
+
+  def close(self) -> None:
+    """Stops a trace still running when the loop ends early (preemption, end step)."""
+    if self.local is not None:
+      self._stop()
+      self.local, self.done = None, True
 
 
 def heldout_line(step: int, ev: dict[str, float], unigram_entropy: float | None) -> str | None:

@@ -166,6 +166,15 @@ def test_zero_interval_means_never_for_every_interval(env, tmp_path):
   assert summary["checkpoints"] == [5]
 
 
+def test_profile_steps_write_a_tensorboard_trace_to_the_workdir(env, tmp_path):
+  config = tiny_config(env, steps=5, log_every=0, eval_every=0, eval_steps=0,
+                       checkpoint_every=0, profile_steps=2, profile_num_steps=2)
+  loop.train_and_evaluate(config, str(tmp_path))
+  traces = list((tmp_path / "profile" / "plugins" / "profile").glob("*/*.xplane.pb"))
+  assert len(traces) == 1, traces
+  assert b"jit_train_step" in traces[0].read_bytes()  # the step itself was traced
+
+
 @pytest.mark.parametrize("arg", ["objective=electra,nsp=nsp", "objective=all_tokens_mlm",
                                  "objective=mlm,nsp=sop,format=sentence_pair,norm=pre",
                                  "runlocal", "size=electra-small,objective=electra_15"])

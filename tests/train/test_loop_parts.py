@@ -178,3 +178,29 @@ def test_restore_or_init_fresh_resumed_and_branched():
   with pytest.raises(ValueError, match="holds step 9"):
     recovery.restore_or_init(FakeRestoreCkpt(8, state_step=9), train, None, None, it,
                              said.append)
+
+
+def test_profiler_traces_the_chosen_steps_once(tmp_path):
+  calls = []
+  prof = parts.StepProfiler(3, 2, tmp_path / "profile", start=lambda d: calls.append(("start", d)),
+                            stop=lambda: calls.append("stop"))
+  for step in range(8):  # the loop: before(step) runs the step that makes step + 1
+    prof.before(step)
+    prof.after(step + 1, jnp.zeros(()))
+  assert calls == [("start", str(tmp_path / "profile")), "stop"]
+  # steps 4 and 5 traced: started before the step from 3, stopped once 5 is done
+  calls.clear()
+  prof = parts.StepProfiler(3, 2, tmp_path, start=lambda d: calls.append("start"),
+                            stop=lambda: calls.append("stop"))
+  for step in (3,):
+    prof.before(step)
+    prof.after(step + 1, jnp.zeros(()))
+  assert calls == ["start"]
+  prof.close()  # the loop ended (preemption) inside the window: the trace is still stopped
+  assert calls == ["start", "stop"]
+  off = parts.StepProfiler(0, 3, tmp_path, start=lambda d: calls.append("x"), stop=None)
+  resumed = parts.StepProfiler(3, 3, tmp_path, start=lambda d: calls.append("x"), stop=None)
+  for step in range(5, 9):  # resumed past the first profiled step: nothing
+    off.before(step)
+    resumed.before(step)
+  assert calls == ["start", "stop"]
