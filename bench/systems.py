@@ -17,6 +17,7 @@ import dataclasses
 import math
 import multiprocessing as mp
 import os
+import statistics
 import sys
 import time
 from typing import Any
@@ -308,6 +309,10 @@ class Worker:
     if wait:
       self.wait_ready()
 
+  @property
+  def pid(self) -> int | None:
+    return self._proc.pid
+
   def wait_ready(self):
     """Blocks until the child has built, compiled and warmed up its system."""
     if not self._ready:
@@ -355,6 +360,71 @@ def matmul_peak(n: int = 2048, repeats: int = 3) -> float:
   return flops.measured_cpu_matmul_peak.__wrapped__(n, repeats)
 
 
+class ForeignLoad:
+  """Cores used by processes other than this benchmark's own (this process and its workers):
+  the machine's busy CPU time (/proc/stat) minus ours (/proc/<pid>/stat), over wall time, since
+  the last `cores()` call. The load average cannot tell: it counts our own busy workers.
+  Linux only (None elsewhere). The readers are arguments so a test can feed fixed numbers."""
+
+  def __init__(self, own_pids, read_stat=None, read_pid=None, clock=time.monotonic):
+    self.own_pids = own_pids  # () -> pids of our workers (this process is added)
+    self.read_stat = read_stat or _read_proc_stat
+    self.read_pid = read_pid or _read_pid_cpu
+    self.clock = clock
+    self.hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    self.mark = self._snapshot()
+
+  def _snapshot(self):
+    try:
+      busy = self.read_stat()
+    except OSError:
+      return None
+    pids = {os.getpid(), *[p for p in self.own_pids() if p]}
+    own = sum(self.read_pid(p) for p in pids)
+    return self.clock(), busy / self.hz, own / self.hz
+
+  def cores(self) -> float | None:
+    now = self._snapshot()
+    if now is None or self.mark is None:
+      return None
+    (t0, busy0, own0), (t1, busy1, own1) = self.mark, now
+    self.mark = now
+    if t1 <= t0:
+      return 0.0
+    return max(0.0, ((busy1 - busy0) - (own1 - own0)) / (t1 - t0))
+
+
+def _read_proc_stat() -> int:
+  """Busy jiffies of all CPUs: everything but idle and iowait (first line of /proc/stat)."""
+  with open("/proc/stat") as f:
+    fields = [int(x) for x in f.readline().split()[1:]]
+  return sum(fields[:8]) - fields[3] - fields[4]  # user..steal, without idle and iowait
+
+
+def _read_pid_cpu(pid: int) -> int:
+  """utime + stime + cutime + cstime (jiffies) of a process; 0 once it is gone."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      fields = f.read().rpartition(")")[2].split()
+  except OSError:
+    return 0
+  return sum(int(x) for x in fields[11:15])
+
+
+def quiet_verdict(foreign_cores: list[float | None], ncores: int, max_share: float
+                  ) -> tuple[bool, str]:
+  """(quiet?, a line saying why): quiet when the largest foreign load measured, before and
+  during the rounds, stays within `max_share` of the cores."""
+  seen = [c for c in foreign_cores if c is not None]
+  if not seen:
+    return True, "other processes' CPU use: not measurable here (no /proc)"
+  worst = max(seen)
+  quiet = worst <= max_share * ncores
+  return quiet, (f"other processes' CPU use: max {worst:.2f} of {ncores} cores (median "
+                 f"{statistics.median(seen):.2f}; limit {max_share:.0%} of the cores = "
+                 f"{max_share * ncores:.2f}): {'quiet' if quiet else 'LOADED'}")
+
+
 def loadavg() -> str:
   try:
     with open("/proc/loadavg") as f:
@@ -364,14 +434,17 @@ def loadavg() -> str:
 
 
 def interleaved(workers: dict[str, Worker], rounds: int, steps: int, log=print,
-                between=None) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+                between=None, before=None
+                ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
   """(wall, cpu) seconds per step of every worker, `rounds` times; the order of the workers
-  is reversed every other round so that slow drift favours none of them. `between()` runs
-  after every round (e.g. a peak measurement)."""
+  is reversed every other round so that slow drift favours none of them. `before()` runs
+  before every round and `between()` after it (e.g. a matmul-rate probe, a load reading)."""
   names = list(workers)
   wall: dict[str, list[float]] = {n: [] for n in names}
   cpu: dict[str, list[float]] = {n: [] for n in names}
   for r in range(rounds):
+    if before is not None:
+      before()
     order = names if r % 2 == 0 else names[::-1]
     for n in order:
       w, c = workers[n].run(steps)

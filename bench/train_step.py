@@ -59,7 +59,16 @@ _VARIANTS = flags.DEFINE_multi_string(
     "--variant='remat dots:remat_policy=dots' --variant='O1:xla_flags="
     "--xla_backend_optimization_level=1'")
 _MFU = flags.DEFINE_bool("mfu", True, "Print MFU: model GFLOP/s over this CPU's fp32 matmul "
-                         "rate, measured (2048^2, jax) after every round under the same load.")
+                         "rate, measured (2048^2, jax) before every round under the same load; "
+                         "its median and range are printed.")
+_MAX_FOREIGN = flags.DEFINE_float(
+    "max_foreign_load", 0.1, "Share of the cores that processes other than the benchmark's own "
+    "may use (measured from /proc for 3 s before the rounds and during each) before the "
+    "machine counts as loaded.")
+_ALLOW_LOADED = flags.DEFINE_bool(
+    "allow_loaded", False, "On a loaded machine, print the 'vs HF' ratios anyway (marked '!') "
+    "instead of 'loaded'. Under contention torch's thread pool loses more than XLA, so loaded "
+    "ratios flatter us.")
 
 
 def _flops(spec: systems.StepSpec) -> float:
@@ -136,9 +145,13 @@ def run_size(size: str, batch: int, rounds: int, steps: int) -> list[dict]:
     print(f"{size} B{batch}x{_SEQ.value}: workers ready in {time.perf_counter() - t0:.0f} s; "
           f"{rounds} rounds x {steps} steps")
     load0 = systems.loadavg()
+    meter = systems.ForeignLoad(lambda: [w.pid for w in workers.values()])
+    time.sleep(3.0)  # our workers idle: what the rest of the machine uses
+    foreign = [meter.cores()]
     peaks = []
-    between = (lambda: peaks.append(systems.matmul_peak())) if _MFU.value else None
-    wall, cpu = systems.interleaved(workers, rounds, steps, between=between)
+    before = (lambda: peaks.append(systems.matmul_peak())) if _MFU.value else None
+    wall, cpu = systems.interleaved(workers, rounds, steps, before=before,
+                                    between=lambda: foreign.append(meter.cores()))
     infos = {n: w.info() for n, w in workers.items()}
   finally:
     for w in workers.values():
@@ -151,7 +164,8 @@ def run_size(size: str, batch: int, rounds: int, steps: int) -> list[dict]:
                cpu_tps=statistics.median(spec.tokens_per_step / c for c in cpu[name]),
                spread=(max(tps) - min(tps)) / statistics.median(tps), flops=_flops(spec),
                info=infos[name], load=f"{load0} -> {systems.loadavg()}",
-               peak=statistics.median(peaks) if peaks else None)
+               peak=statistics.median(peaks) if peaks else None,
+               peaks=tuple(peaks), foreign=tuple(foreign))
     if "hf" in wall:
       row["ratio"] = statistics.median(h / s for s, h in zip(wall[name], wall["hf"]))
       row["cpu_ratio"] = statistics.median(h / c for c, h in zip(cpu[name], cpu["hf"]))
@@ -166,6 +180,8 @@ def print_table(rows: list[dict], rounds: int, steps: int):
   head = (f"{'size':5s} {'batch':7s} {'system':36s} {'tokens/s':>9s} {'vs HF':>6s} "
           f"{'spread':>6s} {'tok/cpu-s':>9s} {'vs HF':>6s} {'GFLOP/step':>10s} {'GFLOP/s':>8s}")
   peak = any(r["peak"] for r in rows)
+  verdicts = {r["size"]: systems.quiet_verdict(list(r["foreign"]), os.cpu_count() or 1,
+                                               _MAX_FOREIGN.value) for r in rows}
   if peak:
     head += f" {'MFU':>5s}"
   print(head)
@@ -173,6 +189,9 @@ def print_table(rows: list[dict], rounds: int, steps: int):
   for r in rows:
     ratio = f"{r['ratio']:5.2f}x" if "ratio" in r else "     -"
     cpu_ratio = f"{r['cpu_ratio']:5.2f}x" if "cpu_ratio" in r else "     -"
+    if "ratio" in r and not verdicts[r["size"]][0]:  # loaded: no ratio, or a marked one
+      ratio, cpu_ratio = ((ratio[:-1] + "!", cpu_ratio[:-1] + "!") if _ALLOW_LOADED.value
+                          else ("loaded", "loaded"))
     gflops = r["flops"] / r["step_s"] / 1e9
     line = (f"{r['size']:5s} {r['batch']:7s} {r['label']:36s} {r['tps']:9,.0f} {ratio:>6s} "
             f"{r['spread']:6.0%} {r['cpu_tps']:9,.0f} {cpu_ratio:>6s} {r['flops'] / 1e9:10.1f} "
@@ -180,10 +199,14 @@ def print_table(rows: list[dict], rounds: int, steps: int):
     if r["peak"]:
       line += f" {gflops * 1e9 / r['peak']:5.0%}"
     print(line)
-  for size, load, pk in sorted({(r["size"], r["load"], r["peak"] or 0) for r in rows}):
-    print(f"{size}: load average (1/5/15 min) {load} over the rounds" +
-          (f"; fp32 matmul rate {pk / 1e9:.0f} GFLOP/s (median after each round; ~208 "
-           "on the idle machine)" if pk else ""))
+  for size, load, peaks in sorted({(r["size"], r["load"], r["peaks"]) for r in rows}):
+    print(f"{size}: {verdicts[size][1]}; load average (1/5/15 min) {load} (counts our workers)"
+          + (f"; fp32 matmul rate before each round: median {statistics.median(peaks) / 1e9:.0f} "
+             f"GFLOP/s [{min(peaks) / 1e9:.0f}, {max(peaks) / 1e9:.0f}]" if peaks else ""))
+  if not all(q for q, _ in verdicts.values()):
+    print("LOADED: other processes used more than --max_foreign_load of the cores, so the "
+          "'vs HF' ratios are " + ("marked '!'" if _ALLOW_LOADED.value else
+                                   "withheld (--allow_loaded prints them)") + ".")
   print("Notes: 'vs HF' = median over rounds of the per-round ratio (wall tokens/s; then tokens "
         "per CPU-second of the\n  worker process, all its threads). Both sides do MLM on 15% of "
         "the "
