@@ -75,6 +75,9 @@ def get_config(arg=None):
   c.max_answer_length = 30
   c.null_threshold = 0.0  # SQuAD v2.0: predict "" when null - best span score > this
 
+  # Device mesh "data,fsdp,tensor" or "auto" (all devices data-parallel on TPU/GPU, one device
+  # on CPU), as in pre-training; batch sizes must divide by data x fsdp.
+  c.mesh = "auto"
   c.epochs = 3
   c.batch_size = 32
   c.eval_batch_size = 64

@@ -29,6 +29,7 @@ from encoder_jax.finetune import trainer
 from encoder_jax.model.attention import describe_attention
 from encoder_jax.model.config import SIZES, ModelConfig
 from encoder_jax.model.heads import pool
+from encoder_jax.train import sharding
 
 
 def _random_config(config) -> tuple[ModelConfig, str | None]:
@@ -116,7 +117,8 @@ def finetune_and_evaluate(config, workdir: str) -> dict[str, Any]:
     model = backbone_lib.build_model(bb, spec.kind, spec.num_labels, pooling=config.pooling,
                                      seed=seed)
     # Every seed has the same module structure and optimizer: compile the steps once.
-    steps_and_tx = steps_and_tx or trainer.build_steps(spec, model, data, config)
+    steps_and_tx = steps_and_tx or trainer.build_steps(
+        spec, model, data, config, mesh=sharding.mesh_from_config(config.get("mesh", "auto")))
     runs.append(trainer.finetune_one_seed(spec, model, data, config, seed, steps_and_tx))
     logging.info("seed %d done: %s", seed, _one_line(runs[-1]))
     if config.save_best:

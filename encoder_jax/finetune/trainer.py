@@ -9,6 +9,13 @@ Freezing vs eval mode. They are independent switches:
   * train/eval mode only switches dropout (graphdef_train vs graphdef_eval); training in eval
     mode (`dropout=False`) still updates every parameter.
 
+Sharding: the same machinery as pre-training (encoder_jax.train.sharding): with a `mesh`
+(config.mesh, "auto" = all devices data-parallel on TPU/GPU, one device on CPU) the train state
+is placed by the parameters' logical axis names, batches are split over data x fsdp, and the
+jitted step donates the old state with explicit in/out shardings, so a large model fine-tunes
+FSDP/tensor-sharded instead of replicated. One process: every process of a multi-host run
+would need its own block of rows (not implemented for fine-tuning).
+
 Batches keep one shape per length bucket: rows are cut to the batch's longest row rounded up
 to `length_bucket` tokens (0: always max_length), and the last partial batch is filled with
 weight-0 rows, so a run compiles at most max_length / length_bucket train steps.
@@ -31,6 +38,7 @@ from encoder_jax.finetune import tasks as tasks_lib
 from encoder_jax.finetune.backbone import FinetuneModel
 from encoder_jax.model.heads import NEG_INF
 from encoder_jax.objectives.mlm import safe_mean, softmax_cross_entropy
+from encoder_jax.train import sharding as sharding_lib
 from encoder_jax.train.optim import OptimConfig, build_optimizer, path_names
 from encoder_jax.train.step import TrainState
 
@@ -81,9 +89,16 @@ class Steps:
   train: Callable  # (state, batch, key) -> (state, metrics), donates state
   predict: Callable  # (params, batch) -> outputs, eval mode
   graphdef_eval: Any
+  state_shardings: Any = None  # where `place` puts a TrainState (None: no mesh)
+
+  def place(self, state: TrainState) -> TrainState:
+    """The state on the mesh, as the jitted step expects it."""
+    return state if self.state_shardings is None else jax.device_put(state,
+                                                                     self.state_shardings)
 
 
-def make_steps(model: FinetuneModel, tx, schedule, *, freeze: bool, dropout: bool) -> Steps:
+def make_steps(model: FinetuneModel, tx, schedule, *, freeze: bool, dropout: bool,
+               mesh=None) -> Steps:
   kind = model.kind
   graphdef_eval, _ = nnx.split(model, nnx.Param)
   if dropout:
@@ -114,7 +129,18 @@ def make_steps(model: FinetuneModel, tx, schedule, *, freeze: bool, dropout: boo
   def predict(params, batch):
     return nnx.merge(graphdef_eval, params)(batch)
 
-  return Steps(jax.jit(train_step, donate_argnums=(0,)), jax.jit(predict), graphdef_eval)
+  if mesh is None:
+    return Steps(jax.jit(train_step, donate_argnums=(0,)), jax.jit(predict), graphdef_eval)
+  params = nnx.state(model, nnx.Param)
+  abstract = jax.eval_shape(lambda: TrainState(jnp.zeros((), jnp.int32), params,
+                                               tx.init(params)))
+  state_sh = sharding_lib.state_shardings(abstract, mesh)
+  batch_sh = sharding_lib.batch_sharding(mesh)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  train = jax.jit(train_step, donate_argnums=(0,), in_shardings=(state_sh, batch_sh, replicated),
+                  out_shardings=(state_sh, None))
+  return Steps(train, jax.jit(predict, in_shardings=(state_sh.params, batch_sh)),
+               graphdef_eval, state_sh)
 
 
 # ----------------------------------------------------------------------------------- batching
@@ -195,12 +221,13 @@ def total_steps(spec: tasks_lib.TaskSpec, data, config) -> int:
   return math.ceil(len(data[spec.train_split]) / config.batch_size) * config.epochs
 
 
-def build_steps(spec: tasks_lib.TaskSpec, model: FinetuneModel, data, config):
-  """The jitted steps and the optimizer, shared by every seed of a run (one compilation)."""
+def build_steps(spec: tasks_lib.TaskSpec, model: FinetuneModel, data, config, mesh=None):
+  """The jitted steps and the optimizer, shared by every seed of a run (one compilation);
+  sharded over `mesh` when given (encoder_jax.train.sharding.mesh_from_config)."""
   tx, schedule = make_optimizer(config, num_layers=model.cfg.num_layers,
                                 total_steps=total_steps(spec, data, config))
   return make_steps(model, tx, schedule, freeze=config.freeze_encoder,
-                    dropout=config.dropout), tx
+                    dropout=config.dropout, mesh=mesh), tx
 
 
 def finetune_one_seed(spec: tasks_lib.TaskSpec, model: FinetuneModel,
@@ -213,7 +240,7 @@ def finetune_one_seed(spec: tasks_lib.TaskSpec, model: FinetuneModel,
   total = total_steps(spec, data, config)
   steps, tx = steps_and_tx or build_steps(spec, model, data, config)
   params = nnx.state(model, nnx.Param)
-  state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+  state = steps.place(TrainState(jnp.zeros((), jnp.int32), params, tx.init(params)))
   base_key = jax.random.key(seed)
   select_split, metric = spec.dev_splits[0], spec.select_metric
   history, best, best_params = [], None, host_copy(params)

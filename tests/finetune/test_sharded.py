@@ -1,0 +1,47 @@
+"""Fine-tuning runs on the pre-training machinery's mesh: on 8 fake devices (data 2 x fsdp 2 x
+tensor 2, parameters and optimizer state sharded by their logical axes) it equals 1 device."""
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from encoder_jax.data import fetch
+from encoder_jax.data.tokenizer import WordPieceTokenizer
+from encoder_jax.finetune import backbone, run, tasks, trainer
+from encoder_jax.model.config import ModelConfig
+from encoder_jax.train import sharding
+
+CFG = ModelConfig(vocab_size=30522, hidden_size=32, num_heads=2, ffn_size=64, num_layers=2,
+                  max_positions=64, hidden_dropout=0.1, attention_dropout=0.1)
+
+
+def _finetune(config, mesh):
+  spec = tasks.get_task("rotten_tomatoes")
+  data = run.load_data(spec, WordPieceTokenizer.from_vocab(fetch.minilm_vocab()), config)
+  model = backbone.build_model(backbone.Backbone(CFG, None, None, "random"), "classify", 2,
+                               pooling="cls", seed=0)
+  steps_and_tx = trainer.build_steps(spec, model, data, config,
+                                     mesh=mesh)
+  record = trainer.finetune_one_seed(spec, model, data, config, 0, steps_and_tx)
+  return record, trainer.host_copy(nnx.state(model, nnx.Param)), steps_and_tx[0]
+
+
+def test_eight_devices_equal_one(tiny_config):
+  if jax.device_count() < 8:
+    pytest.skip("needs 8 (fake) devices: XLA_FLAGS=--xla_force_host_platform_device_count=8")
+  config = tiny_config("rotten_tomatoes", "minilm", max_train_examples=64, max_eval_examples=32,
+                       max_length=64, epochs=2, batch_size=16, eval_batch_size=16,
+                       learning_rate=1e-3, log_every=100)
+  one, params_1, _ = _finetune(config, sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+  eight, params_8, steps_8 = _finetune(config, sharding.mesh_from_config("2,2,2"))
+  # the 8-device run really is sharded: parameters over fsdp and tensor (batches over data)
+  specs = {str(s.spec) for s in jax.tree.leaves(steps_8.state_shardings)}
+  assert any("fsdp" in s for s in specs) and any("tensor" in s for s in specs), specs
+  for key in ("best_epoch", "select"):
+    assert one[key] == eight[key]
+  for a, b in zip(one["history"], eight["history"]):
+    assert a["train_loss_logged_mean"] == pytest.approx(b["train_loss_logged_mean"], rel=1e-5)
+    assert a["dev"] == b["dev"]
+  assert one["test"] == eight["test"]
+  for x, y in zip(jax.tree.leaves(params_1), jax.tree.leaves(params_8)):
+    np.testing.assert_allclose(x, y, atol=2e-5, rtol=1e-4)
