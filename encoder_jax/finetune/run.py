@@ -112,14 +112,15 @@ def finetune_and_evaluate(config, workdir: str) -> dict[str, Any]:
   tok = _tokenizer(config, bb)
   data = load_data(spec, tok, config)
   runs, steps_and_tx = [], None
+  train_cfg = trainer.TrainConfig.of(config)  # the frozen view the trainer reads
   for i in range(config.seeds):
     seed = config.seed + i
     model = backbone_lib.build_model(bb, spec.kind, spec.num_labels, pooling=config.pooling,
                                      seed=seed)
     # Every seed has the same module structure and optimizer: compile the steps once.
     steps_and_tx = steps_and_tx or trainer.build_steps(
-        spec, model, data, config, mesh=sharding.mesh_from_config(config.get("mesh", "auto")))
-    runs.append(trainer.finetune_one_seed(spec, model, data, config, seed, steps_and_tx))
+        spec, model, data, train_cfg, mesh=sharding.mesh_from_config(config.get("mesh", "auto")))
+    runs.append(trainer.finetune_one_seed(spec, model, data, train_cfg, seed, steps_and_tx))
     logging.info("seed %d done: %s", seed, _one_line(runs[-1]))
     if config.save_best:
       _save_params(workdir / f"seed_{seed}" / "best", model)

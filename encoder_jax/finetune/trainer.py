@@ -45,12 +45,41 @@ from encoder_jax.train.step import TrainState
 _MODEL_KEYS = ("input_ids", "mask", "token_types")
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+  """What one fine-tuning run's training reads from configs/finetune.py, made once from the
+  ConfigDict (`of`, at encoder_jax.finetune.run's boundary); the functions below take either
+  and convert a ConfigDict at entry, so callers and tests may pass the ConfigDict."""
+  learning_rate: float
+  weight_decay: float
+  warmup_frac: float
+  clip_grad_norm: float
+  layer_decay: float
+  freeze_encoder: bool
+  dropout: bool
+  epochs: int
+  batch_size: int
+  eval_batch_size: int
+  length_bucket: int
+  group_by_length: bool
+  log_every: int
+  max_answer_length: int
+  null_threshold: float
+
+  @classmethod
+  def of(cls, config) -> "TrainConfig":
+    if isinstance(config, cls):
+      return config
+    return cls(**{f.name: config[f.name] for f in dataclasses.fields(cls)})
+
+
 def is_encoder_param(path) -> bool:
   return path_names(path)[:1] == ("encoder",)
 
 
 def make_optimizer(config, *, num_layers: int, total_steps: int):
   """AdamW (weight decay off LayerNorm/bias), linear warm-up + decay, clipping, LLRD, freeze."""
+  config = TrainConfig.of(config)
   warmup = int(round(config.warmup_frac * total_steps))
   ocfg = OptimConfig(optimizer="adamw", learning_rate=config.learning_rate, b1=0.9, b2=0.999,
                      eps=1e-6, weight_decay=config.weight_decay, schedule="linear",
@@ -205,6 +234,7 @@ def predict_split(steps: Steps, params, enc: tasks_lib.Encoded, batch_size: int,
 
 
 def evaluate(spec, steps: Steps, params, enc: tasks_lib.Encoded, config) -> dict[str, float]:
+  config = TrainConfig.of(config)
   outputs = predict_split(steps, params, enc, config.eval_batch_size, config.length_bucket)
   return tasks_lib.score(spec, enc, outputs, max_answer_length=config.max_answer_length,
                          null_threshold=config.null_threshold)
@@ -218,12 +248,14 @@ def host_copy(tree):
 
 
 def total_steps(spec: tasks_lib.TaskSpec, data, config) -> int:
+  config = TrainConfig.of(config)
   return math.ceil(len(data[spec.train_split]) / config.batch_size) * config.epochs
 
 
 def build_steps(spec: tasks_lib.TaskSpec, model: FinetuneModel, data, config, mesh=None):
   """The jitted steps and the optimizer, shared by every seed of a run (one compilation);
   sharded over `mesh` when given (encoder_jax.train.sharding.mesh_from_config)."""
+  config = TrainConfig.of(config)
   tx, schedule = make_optimizer(config, num_layers=model.cfg.num_layers,
                                 total_steps=total_steps(spec, data, config))
   return make_steps(model, tx, schedule, freeze=config.freeze_encoder,
@@ -236,6 +268,7 @@ def finetune_one_seed(spec: tasks_lib.TaskSpec, model: FinetuneModel,
   """Trains `model` on data['train'], picks the epoch with the best first dev metric, scores
   dev and test splits with those parameters. Returns the run's record (JSON-ready).
   `steps_and_tx`: build_steps(...) of an earlier seed, to reuse its compiled steps."""
+  config = TrainConfig.of(config)
   train = data[spec.train_split]
   total = total_steps(spec, data, config)
   steps, tx = steps_and_tx or build_steps(spec, model, data, config)

@@ -45,3 +45,15 @@ def test_eight_devices_equal_one(tiny_config):
   assert one["test"] == eight["test"]
   for x, y in zip(jax.tree.leaves(params_1), jax.tree.leaves(params_8)):
     np.testing.assert_allclose(x, y, atol=2e-5, rtol=1e-4)
+
+
+def test_the_trainer_reads_a_frozen_config_made_once(tiny_config):
+  import dataclasses
+  config = tiny_config("rotten_tomatoes", "minilm", learning_rate=2e-3)
+  t = trainer.TrainConfig.of(config)
+  assert t.learning_rate == 2e-3 and t.batch_size == config.batch_size
+  assert trainer.TrainConfig.of(t) is t
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    t.learning_rate = 1.0
+  config.learning_rate = 5.0  # the ConfigDict changing later does not reach the view
+  assert t.learning_rate == 2e-3
