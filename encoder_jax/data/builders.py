@@ -290,7 +290,7 @@ class PretrainCorpus(tfds.core.GeneratorBasedBuilder):
   def _split_generators(self, dl_manager):
     del dl_manager  # artifacts come through encoder_jax.data.fetch (npm / pip), not URLs
     cfg = self.builder_config
-    tok = tokenizer.WordPieceTokenizer.from_vocab(cfg.vocab_path, lowercase=cfg.lowercase)
+    tok = tokenizer.WordPieceTokenizer.load(cfg.vocab_path, lowercase=cfg.lowercase)
     self.info.metadata["vocab_sha256"] = fetch.sha256_of(cfg.vocab_path)
     self.info.metadata["source"] = cfg.source
     stats = sources.ReadStats()

@@ -127,9 +127,11 @@ class BatchIterator:
 class Loader:
   """Batches of `rows` (any random-access source of row dicts) for this host."""
 
-  def __init__(self, rows, cfg: LoaderConfig):
+  def __init__(self, rows, cfg: LoaderConfig, tokenizer=None):
     self.rows, self.cfg = rows, cfg
     self.batch_size = cfg.per_host_batch_size()
+    # The tokenizer the rows were made with (vocab size, special ids); None for other rows.
+    self.tokenizer = tokenizer
 
   def dataset(self, start_step: int = 0) -> grain.IterDataset:
     cfg = self.cfg
@@ -181,9 +183,9 @@ def pretrain_loader(source: str = "demo", vocab: str = "minilm", split: str = "t
     process_index, process_count = jax.process_index(), jax.process_count()
   builder = builders.prepare_corpus(source, vocab, data_dir=data_dir, cache_dir=cache_dir)
   corpus = builders.read_corpus(builder, split)
-  tok = tokenizer.WordPieceTokenizer.from_vocab(builders.resolve_vocab(vocab, cache_dir))
+  tok = tokenizer.WordPieceTokenizer.load(builders.resolve_vocab(vocab, cache_dir))
   plan = examples.make_plan(corpus, example)
   rows = examples.Rows(corpus, plan, example, tok.cls_id, tok.sep_id, tok.pad_id)
   return Loader(rows, LoaderConfig(global_batch_size, seed, num_epochs, process_index,
                                    process_count, worker_count=worker_count, prefetch=prefetch,
-                                   example_ids=example_ids))
+                                   example_ids=example_ids), tokenizer=tok)

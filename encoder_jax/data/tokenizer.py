@@ -12,6 +12,7 @@ With the BERT uncased vocab.txt this gives the same ids as `transformers.BertTok
   batch["mask"]       # int32 [B, T]: 1 on real tokens, 0 on pads
   batch["token_types"]# int32 [B, T]: 0 on [CLS] A [SEP], 1 on B [SEP], 0 on pads
 """
+import hashlib
 import os
 import pathlib
 from collections.abc import Iterable, Sequence
@@ -32,6 +33,9 @@ def _bert_pipeline(tok: tokenizers.Tokenizer, lowercase: bool) -> tokenizers.Tok
   tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
   tok.decoder = decoders.WordPiece(prefix=CONTINUATION)
   return tok
+
+
+_LOADED: dict[tuple[str, bool], "WordPieceTokenizer"] = {}  # WordPieceTokenizer.load's
 
 
 class WordPieceTokenizer:
@@ -63,6 +67,19 @@ class WordPieceTokenizer:
     # `##` continuation. A table lookup lets stored ids give word starts without re-tokenizing.
     self.is_word_start_V = np.array(
         [not id_to_token.get(i, "").startswith(CONTINUATION) for i in range(self.vocab_size)])
+
+  @classmethod
+  def load(cls, path, lowercase: bool = True) -> "WordPieceTokenizer":
+    """`from_vocab`, built once per process and vocab: a run's trainer, its train and eval
+    loaders share one tokenizer. Keyed by the file's contents, so an edited vocab.txt is
+    rebuilt; the tokenizer holds no per-call state, so sharing it is safe."""
+    text = epath.Path(path).read_text(encoding="utf-8") if epath.Path(path).is_file() else None
+    if text is None:
+      return cls.from_vocab(path, lowercase)  # (its error names the missing file)
+    key = (hashlib.sha256(text.encode()).hexdigest(), lowercase)
+    if key not in _LOADED:
+      _LOADED[key] = cls.from_vocab(path, lowercase)
+    return _LOADED[key]
 
   @classmethod
   def from_vocab(cls, path, lowercase: bool = True) -> "WordPieceTokenizer":

@@ -195,8 +195,8 @@ class Setup:
 
 def build(config: ml_collections.ConfigDict) -> Setup:
   check_train_config(config)
-  tok = WordPieceTokenizer.from_vocab(resolve_vocab(config.data.vocab,
-                                                    config.data.cache_dir or None))
+  # The same (cached) tokenizer the loaders use: WordPieceTokenizer.load builds it once.
+  tok = WordPieceTokenizer.load(resolve_vocab(config.data.vocab, config.data.cache_dir or None))
   model_cfg = model_config(config, tok.vocab_size)
   obj = objective_config(config, tok)
   gen_cfg = obj.generator_config(model_cfg)

@@ -204,3 +204,28 @@ def test_profiler_traces_the_chosen_steps_once(tmp_path):
     off.before(step)
     resumed.before(step)
   assert calls == ["start", "stop"]
+
+
+def test_a_run_builds_its_tokenizer_once_and_the_loader_exposes_it(env, monkeypatch, tmp_path):
+  from encoder_jax.data import tokenizer
+  from encoder_jax.train import loop
+  import loop_helpers as H
+  built = []
+  real = tokenizer.WordPieceTokenizer.from_vocab.__func__
+  monkeypatch.setattr(tokenizer, "_LOADED", {})
+  monkeypatch.setattr(tokenizer.WordPieceTokenizer, "from_vocab", classmethod(
+      lambda cls, path, lowercase=True: built.append(path) or real(cls, path, lowercase)))
+  config = H.tiny_config(env)
+  s = loop.build(config)
+  train, ev = loop.make_loader(config, "train"), loop.make_loader(config, "train")
+  assert len(built) == 1 and train.tokenizer is ev.tokenizer
+  assert s.obj.vocab_size == train.tokenizer.vocab_size
+  assert s.obj.mask_id == train.tokenizer.mask_id
+  # an edited vocab file is a new tokenizer
+  vocab = tmp_path / "vocab.txt"
+  vocab.write_text(open(built[0]).read())
+  tokenizer.WordPieceTokenizer.load(vocab)
+  assert len(built) == 1  # same contents: the cached one
+  vocab.write_text(open(built[0]).read().replace("[unused0]", "[unused0x]"))
+  tokenizer.WordPieceTokenizer.load(vocab)
+  assert len(built) == 2
