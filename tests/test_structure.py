@@ -42,3 +42,20 @@ def test_nothing_imports_upward_or_sideways():
   assert ("objectives", "model", "objectives/pretraining.py") in found  # the scan sees imports
   bad = [(a, b, f) for a, b, f in found if LAYER[b] >= LAYER[a]]
   assert not bad, f"imports against the layering (importer, imported, file): {bad}"
+
+
+def test_finetune_reuses_the_training_machinery():
+  """Fine-tuning takes its state, optimizer, mesh and shardings from train/ instead of copies:
+  it imports them, and defines none of its own."""
+  import re
+  used = {(f, b) for a, b, f in imports() if a == "finetune"}
+  trainer = "finetune/trainer.py"
+  assert (trainer, "train") in used
+  text = (PACKAGE / trainer).read_text()
+  for name in ("sharding", "TrainState", "build_optimizer"):
+    assert re.search(rf"from encoder_jax\.train(\.\w+)? import .*\b{name}\b", text), name
+  for f in (PACKAGE / "finetune").glob("*.py"):
+    src = f.read_text()
+    assert not re.search(r"^(class TrainState|def (state_shardings|batch_sharding|make_mesh|"
+                         r"build_optimizer))\b", src, re.M), f
+    assert "Mesh(" not in src and "NamedSharding(mesh, P(" not in src, f
