@@ -404,7 +404,7 @@ class _Run:
           stop_reason = "preempted"
           break
         batch = sharding.shard_batch(next(self.train_it), self.mesh)
-        self.profiler.before(self.step)
+        self.meter.exclude(self.profiler.before(self.step))  # (writing a trace is not training)
         if self.compile_s is None:  # this process's first step: time compilation apart
           with Stage("compiling the train step (first step)"):
             self.state, metrics = self.train_step(self.state, batch)
@@ -414,7 +414,7 @@ class _Run:
         else:
           self.state, metrics = self.train_step(self.state, batch)
         self.step += 1
-        self.profiler.after(self.step, metrics)
+        self.meter.exclude(self.profiler.after(self.step, metrics))
         self.pending.push(self.step, metrics)
         # Without this wait the host would queue many steps ahead of an asynchronous
         # device, and a preemption would first have to run them all before saving.

@@ -196,17 +196,22 @@ class StepProfiler:
     self.local = None  # the folder the trace goes to while it runs
     self.done = first <= 0
 
-  def before(self, step: int) -> None:
+  def before(self, step: int) -> float:
+    """Starts the trace before the step from `first`; returns the seconds that took."""
     if self.done or self.local is not None or step != self.first:
-      return
+      return 0.0
+    t0 = time.perf_counter()
     local = (epath.Path(tempfile.mkdtemp(prefix="profile_")) if paths.is_uri(self.logdir)
              else self.logdir)
     self._start(str(local))
     self.local = local
+    return time.perf_counter() - t0
 
-  def after(self, step: int, outputs) -> None:
+  def after(self, step: int, outputs) -> float:
+    """Stops the trace once `first + count` is done; returns the seconds stopping took."""
     if self.local is None or step < self.first + self.count:
-      return
+      return 0.0
+    t0 = time.perf_counter()
     jax.block_until_ready(outputs)  # the traced steps' device work is in the trace
     self._stop()
     if self.local != self.logdir:
@@ -216,6 +221,7 @@ class StepProfiler:
           dest.parent.mkdir(parents=True, exist_ok=True)
           dest.write_bytes(f.read_bytes())
     self.local, self.done = None, True
+    return time.perf_counter() - t0
 
   def close(self) -> None:
     """Stops a trace still running when the loop ends early (preemption, end step)."""
