@@ -15,15 +15,15 @@ from etils import epath
 from encoder_jax.data import builders, fetch
 from encoder_jax.finetune import backbone
 from encoder_jax.train.init_from import Pretrained
-from encoder_jax.train.loop import train_and_evaluate
+from encoder_jax.train import loop
 
 
 def pretrain(config, workdir: str) -> dict:
   """encoder_jax.train.loop.train_and_evaluate, with config.init_from's parameters loaded here
   (HF folders are read by encoder_jax.convert, a layer above the trainer)."""
   spec = config.get("init_from", "")
-  return train_and_evaluate(config, workdir,
-                            load_pretrained(spec, config.data.cache_dir or None) if spec else None)
+  return loop.train_and_evaluate(
+      config, workdir, load_pretrained(spec, config.data.cache_dir or None) if spec else None)
 
 
 def load_pretrained(spec: str, cache_dir=None):

@@ -179,7 +179,7 @@ def test_in_process_preemption_stops_the_grid_run(tmp_path, monkeypatch):
   from encoder_jax.train import loop
   calls = []
 
-  def preempted(config, workdir):
+  def preempted(config, workdir, pretrained=None):
     calls.append(workdir)
     pathlib.Path(workdir).mkdir(parents=True)
     (pathlib.Path(workdir) / "summary.json").write_text(json.dumps({"stop_reason": "preempted"}))
