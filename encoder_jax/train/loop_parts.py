@@ -211,8 +211,8 @@ class StepProfiler:
     """Stops the trace once `first + count` is done; returns the seconds stopping took."""
     if self.local is None or step < self.first + self.count:
       return 0.0
-    t0 = time.perf_counter()
-    jax.block_until_ready(outputs)  # the traced steps' device work is in the trace
+    jax.block_until_ready(outputs)  # the traced steps' device work is in the trace ...
+    t0 = time.perf_counter()  # ... and counted as training; stopping and writing are not
     self._stop()
     if self.local != self.logdir:
       for f in self.local.rglob("*"):

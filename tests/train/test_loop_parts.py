@@ -229,3 +229,18 @@ def test_a_run_builds_its_tokenizer_once_and_the_loader_exposes_it(env, monkeypa
   vocab.write_text(open(built[0]).read().replace("[unused0]", "[unused0x]"))
   tokenizer.WordPieceTokenizer.load(vocab)
   assert len(built) == 2
+
+
+def test_profiler_excludes_stopping_the_trace_but_not_the_traced_steps(tmp_path):
+  """The seconds `after` reports (left out of the throughput) are the stop and the write, not
+  the wait for the traced steps' device work, which is training."""
+  import time as time_lib
+
+  class Slow:  # outputs whose device work takes 0.3 s more
+    def block_until_ready(self):
+      time_lib.sleep(0.3)
+      return self
+
+  prof = parts.StepProfiler(1, 1, tmp_path, start=lambda d: None, stop=lambda: None)
+  prof.before(1)
+  assert prof.after(2, Slow()) < 0.1
