@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from etils import epath
 
+from encoder_jax import paths
 from encoder_jax.data import builders, fetch
 from encoder_jax.finetune import backbone
 from encoder_jax.train.init_from import Pretrained
@@ -30,7 +31,7 @@ def load_pretrained(spec: str, cache_dir=None):
   """config.init_from -> encoder_jax.train.init_from.Pretrained: 'minilm', a HF BERT/ELECTRA
   folder (config.json with a model_type), or a pre-training workdir / checkpoint step folder
   (local or gs://)."""
-  hf = spec == "minilm" or (not spec.startswith("gs://") and backbone.hf_model_type(spec))
+  hf = spec == "minilm" or (not paths.is_uri(spec) and backbone.hf_model_type(spec))
   if hf:
     folder = fetch.minilm_dir(cache_dir) if spec == "minilm" else epath.Path(spec)
     b = backbone.load_backbone("minilm" if spec == "minilm" else f"hf:{spec}",

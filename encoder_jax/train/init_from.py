@@ -26,7 +26,7 @@ from typing import Any, Callable
 from etils import epath
 import jax
 import numpy as np
-from flax import nnx
+from flax import nnx, traverse_util
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,20 +60,12 @@ def source_tree(pre: Pretrained, is_electra: bool) -> dict:
   return tree
 
 
-def _flat(tree, prefix=()) -> dict[tuple[str, ...], Any]:
-  if isinstance(tree, dict):
-    out = {}
-    for k, v in tree.items():
-      out |= _flat(v, prefix + (str(k),))
-    return out
-  return {prefix: tree}
-
-
 def merge(fresh: dict, source: dict, what: str) -> tuple[dict, list[str], list[str]]:
   """(fresh with every leaf the source has at the same path, paths taken, paths left fresh).
 
   A leaf at a shared path with another shape is an error naming both shapes."""
-  src = _flat(source)
+  # Keys as strings: Orbax restores list indices (unrolled blocks) as '0', nnx gives 0.
+  src = {tuple(map(str, k)): v for k, v in traverse_util.flatten_dict(source).items()}
   taken, kept, clash = [], [], []
 
   def pick(path, leaf):
