@@ -137,6 +137,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       batch_size=128,  # global batch (sequences per optimizer micro-step)
       eval_split="validation",
       data_dir="",  # TFDS data_dir of the tokenized corpus ("" = the cache's)
+      source_data_dir="",  # tfds:<name> sources: their TFDS data_dir ("" = TFDS's default)
       cache_dir="",  # fetched artifacts ("" = $ENCODER_JAX_CACHE or ~/.cache/encoder_jax)
       worker_count=0,  # grain worker processes (0: threads only)
       # False: the TFDS document corpus, read whole into each process (fine for the demo).

@@ -45,6 +45,9 @@ _BLANK_LINE_DOCS = flags.DEFINE_bool(
 _VOCAB = flags.DEFINE_string(
     "vocab", "minilm", "'minilm' (BERT uncased, 30,522 tokens, fetched) or a vocab.txt path "
     "(e.g. from `python -m encoder_jax.data.train_vocab`).")
+_SOURCE_DATA_DIR = flags.DEFINE_string(
+    "source_data_dir", None, "With tfds:<name> sources: the TFDS data_dir holding the source "
+    "dataset (default: TFDS's own, $TFDS_DATA_DIR or ~/tensorflow_datasets).")
 _DATA_DIR = flags.DEFINE_string(
     "data_dir", None, "Where TFDS writes array_record files (default <cache_dir>/tfds).")
 _CACHE_DIR = flags.DEFINE_string(
@@ -81,7 +84,8 @@ def _sharded_corpus():
   parts = shards.prepare_shards(_SOURCE.value, _VOCAB.value, _example_config(), _DATA_DIR.value,
                                 _CACHE_DIR.value, workers=_BUILD_WORKERS.value,
                                 docs_per_shard=_SHARD_DOCS.value,
-                                blank_line_docs=_BLANK_LINE_DOCS.value)
+                                blank_line_docs=_BLANK_LINE_DOCS.value,
+                                source_data_dir=_SOURCE_DATA_DIR.value)
   print(f"sharded corpus ready in {time.time() - t:.1f} s")
   for folder, weight in parts:
     index = shards.read_index(folder)
@@ -102,7 +106,8 @@ def _sharded_corpus():
 def _corpus():
   t = time.time()
   b = builders.prepare_corpus(_SOURCE.value, _VOCAB.value, data_dir=_DATA_DIR.value,
-                              cache_dir=_CACHE_DIR.value, blank_line_docs=_BLANK_LINE_DOCS.value)
+                              cache_dir=_CACHE_DIR.value, blank_line_docs=_BLANK_LINE_DOCS.value,
+                              source_data_dir=_SOURCE_DATA_DIR.value)
   print(f"corpus {b.builder_config.name} at {b.data_dir} (ready in {time.time() - t:.1f} s)")
   for split in b.info.splits:
     print(f"  {split:10s} {b.info.metadata.get(f'{split}_counts')}")

@@ -178,13 +178,15 @@ def pretrain_loader(source: str = "demo", vocab: str = "minilm", split: str = "t
                     data_dir=None, cache_dir=None, worker_count: int = 0,
                     prefetch: int = 8, example_ids: bool = False, sharded: bool = False,
                     build_workers: int = 2,
-                    shard_docs: int = shards.DEFAULT_DOCS_PER_SHARD) -> Loader:
+                    shard_docs: int = shards.DEFAULT_DOCS_PER_SHARD,
+                    source_data_dir: str | None = None) -> Loader:
   """Builds (once) the tokenized corpus, plans the rows and returns this host's loader.
 
   sharded=False: the TFDS document corpus (builders.py), read whole into this process and
   planned here: simple, for corpora that fit in memory (the demo). sharded=True: rows built by
   `build_workers` processes into array_record shards of `shard_docs` documents (shards.py) and
   read by index, never whole; needed for mixtures ('mix:...') and corpora at scale.
+  source_data_dir: where a tfds:<name> source's dataset lives (None: TFDS's default).
   process_index / process_count default to jax.process_index() / jax.process_count().
   """
   if process_index is None or process_count is None:
@@ -193,13 +195,15 @@ def pretrain_loader(source: str = "demo", vocab: str = "minilm", split: str = "t
   tok = tokenizer.WordPieceTokenizer.load(builders.resolve_vocab(vocab, cache_dir))
   if sharded:
     parts = shards.prepare_shards(source, vocab, example, data_dir, cache_dir,
-                                  workers=build_workers, docs_per_shard=shard_docs)
+                                  workers=build_workers, docs_per_shard=shard_docs,
+                                  source_data_dir=source_data_dir)
     rows = shards.ShardedRows(parts, split)
   else:
     if source.startswith("mix:"):
       raise ValueError(f"source {source!r} is a mixture: mixtures are built as shards; set "
                        "sharded=True (--config.data.sharded=True)")
-    builder = builders.prepare_corpus(source, vocab, data_dir=data_dir, cache_dir=cache_dir)
+    builder = builders.prepare_corpus(source, vocab, data_dir=data_dir, cache_dir=cache_dir,
+                                      source_data_dir=source_data_dir)
     corpus = builders.read_corpus(builder, split)
     plan = examples.make_plan(corpus, example)
     rows = examples.Rows(corpus, plan, example, tok.cls_id, tok.sep_id, tok.pad_id)

@@ -167,13 +167,15 @@ def corpus_builder(config: ml_collections.ConfigDict):
   """The tokenized corpus of `config.data` (built once, then read from the cache)."""
   d = config.data
   return builders.prepare_corpus(d.source, d.vocab, data_dir=d.data_dir or None,
-                                 cache_dir=d.cache_dir or None)
+                                 cache_dir=d.cache_dir or None,
+                                 source_data_dir=d.get("source_data_dir", "") or None)
 
 
 def _shard_args(config: ml_collections.ConfigDict) -> dict:
   d = config.data
   return dict(sharded=d.get("sharded", False), build_workers=d.get("build_workers", 2),
-              shard_docs=d.get("shard_docs", shards.DEFAULT_DOCS_PER_SHARD))
+              shard_docs=d.get("shard_docs", shards.DEFAULT_DOCS_PER_SHARD),
+              source_data_dir=d.get("source_data_dir", "") or None)
 
 
 def make_loader(config: ml_collections.ConfigDict, split: str) -> pipeline.Loader:
@@ -194,7 +196,8 @@ def train_unigram_counts(config: ml_collections.ConfigDict, vocab_size: int) -> 
   a = _shard_args(config)
   parts = shards.prepare_shards(d.source, d.vocab, example_config(config), d.data_dir or None,
                                 d.cache_dir or None, workers=a["build_workers"],
-                                docs_per_shard=a["shard_docs"])
+                                docs_per_shard=a["shard_docs"],
+                                source_data_dir=a["source_data_dir"])
   return unigram.row_counts(shards.ShardedRows(parts, "train"), vocab_size)
 
 
