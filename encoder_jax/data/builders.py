@@ -20,6 +20,10 @@ Use:
   corpus = read_corpus(builder, "train")                    # examples.Corpus (flat numpy)
   tfds.data_source("rotten_tomatoes", data_dir=default_data_dir())  # after prepare_task(...)
 
+The corpus builder runs in one process and `read_corpus` loads a whole split into memory: the
+demo's path. At scale (and for mixtures) shards.py builds the pre-training rows with N worker
+processes into array_record shards that training reads by index.
+
 The builders live in this package module because TFDS resolves a builder's code path from its
 module (a builder defined in __main__ fails in `dataset_info_from_configs`).
 """
