@@ -130,12 +130,15 @@ def main(argv):
         data_dir = os.path.join(work, f"x{k}_w{w}")
         shutil.rmtree(data_dir, ignore_errors=True)
         b = _run_child("build", source, data_dir, w)
-        per = sorted(p["tokens_per_s"] for p in b["build"]["per_worker"])
+        per = sorted(b["build"]["per_worker"], key=lambda p: p["tokens_per_s"])
+        wall = ", ".join(f"{p['tokens_per_s']:,.0f}" for p in per)
+        cpu = ", ".join(f"{p['tokens_per_cpu_s']:,.0f}" for p in per)
         print(f"x{k:<3d} ({k * n_docs} docs) build, {w} worker(s): {b['build']['tokens']:,} "
               f"tokens in {b['seconds']:.1f} s = {b['build']['tokens_per_s']:,.0f} tokens/s "
-              f"total, per worker {', '.join(f'{p:,.0f}' for p in per)} tokens/s; "
-              f"{b['rows']:,} train rows in {b['shards']} shards; build process peak RSS "
-              f"{b['peak_rss_mb']:.0f} MB", flush=True)
+              f"total; per worker {wall} tokens/s (per CPU second: {cpu}); main process "
+              f"{b['build']['main_cpu_seconds']:.1f} CPU s; {b['rows']:,} train rows in "
+              f"{b['shards']} shards; build process peak RSS {b['peak_rss_mb']:.0f} MB",
+              flush=True)
       r = _run_child("read", source, data_dir)
       rss[k] = r["peak_rss_mb"]
       print(f"x{k:<3d} read: {r['rows']:,} rows, loader opened in {r['open_s']:.1f} s, "

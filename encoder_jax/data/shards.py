@@ -219,9 +219,9 @@ def shard_seed(seed: int, split: str, shard: int) -> int:
 
 def build_shard(task: _ShardTask) -> dict:
   """Worker: documents -> sentences -> ids -> the shard's plan -> rows -> one array_record file.
-  Returns counts and the seconds it took (for tokens/s per worker)."""
+  Returns counts, the seconds it took and the CPU seconds it used (for tokens/s per worker)."""
   from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
-  start = time.perf_counter()
+  start, cpu_start = time.perf_counter(), time.process_time()
   tok = tokenizer.WordPieceTokenizer.load(task.vocab_path, lowercase=task.lowercase)
   docs, empty = [], 0
   for doc_id, text in task.docs:
@@ -254,7 +254,8 @@ def build_shard(task: _ShardTask) -> dict:
   finally:
     writer.close()
   return {"split": task.split, "shard": task.shard, "file": os.path.basename(task.path),
-          "pid": os.getpid(), "seconds": time.perf_counter() - start, **counts}
+          "pid": os.getpid(), "seconds": time.perf_counter() - start,
+          "cpu_seconds": time.process_time() - cpu_start, **counts}
 
 
 def _source_dir(part: str, vocab_path: str, example: examples.ExampleConfig, root: str,
@@ -284,7 +285,7 @@ def build_source(part: str, vocab_path: str, example: examples.ExampleConfig, ou
                      "negatives from other documents of the shard); use e.g. 1024")
   shutil.rmtree(out_dir, ignore_errors=True)
   os.makedirs(out_dir)
-  start = time.perf_counter()
+  start, cpu_start = time.perf_counter(), time.process_time()
   stats = sources.ReadStats()
   done, pending = [], collections.deque()
   n_shards = dict.fromkeys(SPLITS, 0)
@@ -336,21 +337,28 @@ def build_source(part: str, vocab_path: str, example: examples.ExampleConfig, ou
   if splits["train"]["rows"] == 0:
     raise ValueError(f"source {part!r}: no training row from {n_docs} documents (too few or too "
                      f"short for format {example.format!r}?)")
-  per_worker = collections.defaultdict(lambda: {"tokens": 0, "seconds": 0.0, "shards": 0})
+  per_worker = collections.defaultdict(
+      lambda: {"tokens": 0, "seconds": 0.0, "cpu_seconds": 0.0, "shards": 0})
   for d in done:
     w = per_worker[d["pid"]]
     w["tokens"] += d["tokens"]
     w["seconds"] += d["seconds"]
+    w["cpu_seconds"] += d["cpu_seconds"]
     w["shards"] += 1
   tokens = sum(s["tokens"] for s in splits.values())
   tok = tokenizer.WordPieceTokenizer.load(vocab_path, lowercase=lowercase)
   index = {**key, "max_length": example.max_length, "pad_id": tok.pad_id,
            "with_label": example.nsp or example.sop, "splits": splits,
            "read_stats": dataclasses.asdict(stats),
+           # tokens_per_s: wall clock; tokens_per_cpu_s: per CPU second a worker got, which
+           # other jobs on a shared machine do not lower. main_cpu_seconds: the reading and
+           # dispatching process (with workers=0, all of the build).
            "build": {"workers": workers, "seconds": seconds, "tokens": tokens,
                      "tokens_per_s": tokens / seconds,
-                     "per_worker": [{"tokens_per_s": w["tokens"] / max(w["seconds"], 1e-9), **w}
-                                    for w in per_worker.values()]}}
+                     "main_cpu_seconds": time.process_time() - cpu_start,
+                     "per_worker": [{"tokens_per_s": w["tokens"] / max(w["seconds"], 1e-9),
+                                     "tokens_per_cpu_s": w["tokens"] / max(w["cpu_seconds"], 1e-9),
+                                     **w} for w in per_worker.values()]}}
   paths.write_atomic(os.path.join(out_dir, INDEX), json.dumps(index, indent=1))
   logging.info("built %s: %d documents, %d tokens, %d train rows in %d shards, %.1f s "
                "(%.0f tokens/s, %d workers)", part, n_docs, tokens, splits["train"]["rows"],
