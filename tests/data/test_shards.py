@@ -5,6 +5,8 @@ import dataclasses
 import gzip
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -111,10 +113,17 @@ def test_record_round_trip_packed_and_wide_ids(tok):
       assert back[k].dtype == row[k].dtype and np.array_equal(back[k], row[k]), k
 
 
-def test_two_workers_build_the_same_rows(tmp_path, corpus_dir):
-  """A pool of 2 worker processes (results arriving in any order) writes the same shards,
-  byte for byte, as a build in this process."""
+def test_two_worker_command_builds_what_this_process_builds(tmp_path, corpus_dir, monkeypatch):
+  """`python -m encoder_jax.data.build --sharded --build_workers=2` (results arriving in any
+  order) writes the same shards, byte for byte, as a build in this process; and a training
+  process with the same settings finds that build instead of building again."""
   source = f"files:{corpus_dir}/a/*.txt"
+  out = subprocess.run(
+      [sys.executable, "-m", "encoder_jax.data.build", "--datasets=corpus", "--sharded",
+       "--build_workers=2", "--shard_docs=16", f"--source={source}", f"--data_dir={tmp_path}/2",
+       "--vocab=minilm", "--format=segment_pair", "--nsp", "--max_length=32", "--seed=3",
+       "--show=1"], check=True, capture_output=True, text=True).stdout
+  assert "built by 2 workers" in out and "label=" in out, out
   built = {}
   for workers in (0, 2):
     (folder, _), = shards.prepare_shards(source, "minilm", NSP, tmp_path / str(workers),
@@ -123,7 +132,25 @@ def test_two_workers_build_the_same_rows(tmp_path, corpus_dir):
     assert index["build"]["workers"] == workers
     built[workers] = {s["file"]: (_read_bytes(folder, s["file"]), s["rows"])
                       for split in shards.SPLITS for s in index["splits"][split]["shards"]}
+    monkeypatch.setattr(shards, "build_source", lambda *a, **k: pytest.fail("rebuilt"))
   assert built[0] == built[2] and len(built[0]) >= 5
+
+
+def test_unigram_counts_of_rows(tmp_path, corpus_dir, tok):
+  """unigram.row_counts counts the real tokens of the rows; capped, it reads evenly spaced
+  rows (not the first ones, which in a mixture are all one source's)."""
+  from encoder_jax.data import unigram  # pylint: disable=g-import-not-at-top
+  spec = f"mix:files:{corpus_dir}/a/*.txt@1+files:{corpus_dir}/b/*.txt@1"
+  rows = shards.ShardedRows(shards.prepare_shards(spec, "minilm", NSP, tmp_path, workers=0,
+                                                  docs_per_shard=16))
+  full = unigram.row_counts(rows, tok.vocab_size, max_tokens=None)
+  want = sum(np.bincount(rows[i]["input_ids"][rows[i]["mask"]], minlength=tok.vocab_size)
+             for i in range(len(rows)))
+  assert np.array_equal(full, want)
+  part = unigram.row_counts(rows, tok.vocab_size, max_tokens=len(rows) * 32 // 4)
+  ids_b = tok.encode(" ".join(WORDS_B))[1:-1]
+  assert 0.8 < part.sum() / (full.sum() / 4) < 1.2  # ~a quarter of the rows read
+  assert 0.15 < part[ids_b].sum() / full[ids_b].sum() < 0.35  # b gets its quarter too
 
 
 def test_mixture_weights_and_nsp_within_a_source(tmp_path, corpus_dir, id_sets):
