@@ -261,3 +261,26 @@ def test_mixture_parts_and_the_in_memory_path():
   with pytest.raises(ValueError, match=r"sharded=True"):
     pipeline.pretrain_loader("mix:demo@1+demo:brown@1", "minilm", process_index=0,
                              process_count=1)
+
+
+def test_a_training_config_selects_the_sharded_mixture(tmp_path, corpus_dir):
+  """data.sharded=True with a mix: source gives the trainer a loader over ShardedRows (NSP
+  labels included) and unigram counts of those rows."""
+  from configs import pretrain  # pylint: disable=g-import-not-at-top
+  from encoder_jax.data import unigram  # pylint: disable=g-import-not-at-top
+  from encoder_jax.train import loop  # pylint: disable=g-import-not-at-top
+  config = pretrain.get_config("size=tiny,nsp=nsp")
+  config.seed = 3
+  config.data.update(dict(
+      source=f"mix:files:{corpus_dir}/a/*.txt@0.5+files:{corpus_dir}/b/*.txt@0.5",
+      data_dir=str(tmp_path), max_length=32, batch_size=8, sharded=True, build_workers=0,
+      shard_docs=16))
+  loader = loop.make_loader(config, "train")
+  assert isinstance(loader.rows, shards.ShardedRows) and len(loader.rows.names) == 2
+  batch = next(iter(loader))
+  assert batch["input_ids"].shape == (8, 32) and batch["nsp_label"].shape == (8,)
+  counts = loop.train_unigram_counts(config, loader.tokenizer.vocab_size)
+  assert np.array_equal(counts, unigram.row_counts(loader.rows, loader.tokenizer.vocab_size))
+  config.data.sharded = False
+  with pytest.raises(ValueError, match="sharded=True"):
+    loop.make_loader(config, "train")
