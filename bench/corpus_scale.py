@@ -13,7 +13,9 @@ segment_pair + NSP rows of T tokens) and reports tokens/s overall and per worker
 tokens over the seconds it spent on its shards). Then a fresh process, as a training process
 would, opens the loader on the built shards (pipeline.pretrain_loader(sharded=True)) and reads
 the first --batches batches: its peak RSS (getrusage) must not grow with the corpus; the check
-is RSS(x_max) <= 1.2 x RSS(x1). Results go to stdout; save them under bench/results/.
+is RSS(x_max) <= 1.2 x RSS(x1). The resident size after the imports and after the batches
+(VmRSS) is printed too: the peak is set by the imports, so it alone would hide a loader that
+grows by less than their transient. Results go to stdout; save them under bench/results/.
 """
 import json
 import os
@@ -49,6 +51,12 @@ def _peak_rss_mb() -> float:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kB
 
 
+def _rss_now_mb() -> float:
+  """Resident memory now (VmRSS), which unlike the peak is not hidden by the imports' peak."""
+  with open("/proc/self/status") as f:
+    return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
 def _child_build():
   from encoder_jax.data import shards  # pylint: disable=g-import-not-at-top
   start = time.perf_counter()
@@ -65,7 +73,7 @@ def _child_build():
 def _child_read():
   from encoder_jax.data import pipeline  # pylint: disable=g-import-not-at-top
   import jax  # noqa: F401  # pylint: disable=g-import-not-at-top  # (a trainer has it loaded)
-  rss_imports = _peak_rss_mb()
+  rss_imports, now_imports = _peak_rss_mb(), _rss_now_mb()
   start = time.perf_counter()
   loader = pipeline.pretrain_loader(_SOURCE.value, "minilm", example=_example(),
                                     global_batch_size=_BATCH.value, data_dir=_DATA_DIR.value,
@@ -80,6 +88,7 @@ def _child_read():
   dt = time.perf_counter() - t
   print(json.dumps({"rows": len(loader.rows), "open_s": opened,
                     "batches_per_s": (_BATCHES.value - 1) / dt, "rss_imports_mb": rss_imports,
+                    "rss_now_imports_mb": now_imports, "rss_now_mb": _rss_now_mb(),
                     "peak_rss_mb": _peak_rss_mb()}))
 
 
@@ -143,7 +152,9 @@ def main(argv):
       rss[k] = r["peak_rss_mb"]
       print(f"x{k:<3d} read: {r['rows']:,} rows, loader opened in {r['open_s']:.1f} s, "
             f"{r['batches_per_s']:.1f} batches/s; training process peak RSS "
-            f"{r['peak_rss_mb']:.0f} MB ({r['rss_imports_mb']:.0f} MB after imports)",
+            f"{r['peak_rss_mb']:.0f} MB ({r['rss_imports_mb']:.0f} MB after imports); resident "
+            f"{r['rss_now_imports_mb']:.0f} MB after imports, {r['rss_now_mb']:.0f} MB after the "
+            "batches",
             flush=True)
       for w in workers:
         shutil.rmtree(os.path.join(work, f"x{k}_w{w}"), ignore_errors=True)
