@@ -217,6 +217,12 @@ def shard_seed(seed: int, split: str, shard: int) -> int:
   return int(np.random.SeedSequence([seed, SPLITS.index(split), shard]).generate_state(1)[0])
 
 
+def _init_worker():
+  """One build worker per core: the Rust tokenizer's own thread pool would oversubscribe them
+  (and make one worker's tokens/s depend on the cores left idle)."""
+  os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
 def build_shard(task: _ShardTask) -> dict:
   """Worker: documents -> sentences -> ids -> the shard's plan -> rows -> one array_record file.
   Returns counts, the seconds it took and the CPU seconds it used (for tokens/s per worker)."""
@@ -289,7 +295,8 @@ def build_source(part: str, vocab_path: str, example: examples.ExampleConfig, ou
   stats = sources.ReadStats()
   done, pending = [], collections.deque()
   n_shards = dict.fromkeys(SPLITS, 0)
-  pool = (multiprocessing.get_context("spawn").Pool(workers) if workers > 0 else None)
+  pool = (multiprocessing.get_context("spawn").Pool(workers, initializer=_init_worker)
+          if workers > 0 else None)
 
   def submit(split, docs):
     task = _ShardTask(os.path.join(out_dir, f"{split}-{n_shards[split]:05d}.array_record"),
