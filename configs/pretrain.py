@@ -122,7 +122,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   config.data = ml_collections.ConfigDict(dict(
       # demo (SOTU + Moby-Dick + Brown) | demo:<part>[+<part>] (e.g. demo:moby_dick) |
-      # files:<glob>[,<glob>] | tfds:<name>:<text_field>
+      # files:<glob>[,<glob>][:<jsonl field>] (.txt, .jsonl, .gz; local or gs://) |
+      # tfds:<name>[/<config>]:<text_field> | with sharded=True also a weighted mixture
+      # mix:<source>@<weight>+... (BERT: mix:tfds:wikipedia/20230601.en:text@0.75+
+      # files:books/*.txt@0.25), NSP negatives drawn within each source
       source="demo",
       # minilm (BERT uncased, 30,522 ids) | demo[:<size>] (WordPiece trained on the demo corpus,
       # cached; 8,192 by default) | a path to a vocab.txt
@@ -134,8 +137,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       batch_size=128,  # global batch (sequences per optimizer micro-step)
       eval_split="validation",
       data_dir="",  # TFDS data_dir of the tokenized corpus ("" = the cache's)
+      source_data_dir="",  # tfds:<name> sources: their TFDS data_dir ("" = TFDS's default)
       cache_dir="",  # fetched artifacts ("" = $ENCODER_JAX_CACHE or ~/.cache/encoder_jax)
       worker_count=0,  # grain worker processes (0: threads only)
+      # False: the TFDS document corpus, read whole into each process (fine for the demo).
+      # True: process 0 builds rows with build_workers processes into array_record shards
+      # of shard_docs documents (data/shards.py); every host reads its rows by index.
+      sharded=False,
+      build_workers=2,
+      shard_docs=1024,
   ))
 
   config.objective = ml_collections.ConfigDict(dict(

@@ -20,6 +20,10 @@ Use:
   corpus = read_corpus(builder, "train")                    # examples.Corpus (flat numpy)
   tfds.data_source("rotten_tomatoes", data_dir=default_data_dir())  # after prepare_task(...)
 
+The corpus builder runs in one process and `read_corpus` loads a whole split into memory: the
+demo's path. At scale (and for mixtures) shards.py builds the pre-training rows with N worker
+processes into array_record shards that training reads by index.
+
 The builders live in this package module because TFDS resolves a builder's code path from its
 module (a builder defined in __main__ fails in `dataset_info_from_configs`).
 """
@@ -107,7 +111,7 @@ def demo_vocab(size: int = DEMO_VOCAB_SIZE, cache_dir=None) -> pathlib.Path:
   return path
 
 
-def _slug(text: str) -> str:
+def slug(text: str) -> str:
   return re.sub(r"[^a-z0-9_.]+", "_", text.lower()).strip("_")[:40]
 
 
@@ -154,9 +158,12 @@ def source_key(source: str, *, data_dir: str, blank_line_docs: bool = False,
   """What identifies the text of `source`: for files, their relative paths and contents."""
   kind, _, rest = source.partition(":")
   if kind == "files":
-    files, root = sources.resolve_files(rest.split(","))
+    globs, field = sources.parse_files_spec(rest)
+    files, root = sources.resolve_files(globs)
     hashes = _FileHashes(epath.Path(data_dir) / "pretrain_corpus_file_hashes.json")
     h = hashlib.sha256(f"blank_line_docs={blank_line_docs}\n".encode())
+    if field is not None:  # (only then: the keys of existing text corpora stay as they were)
+      h.update(f"field={field}\n".encode())
     for f in files:
       h.update(f"{paths.relpath(f, root)}\0{hashes.sha256(f)}\n".encode())
     hashes.save()
@@ -167,18 +174,19 @@ def source_key(source: str, *, data_dir: str, blank_line_docs: bool = False,
       name = tfds.builder(name, data_dir=source_data_dir).info.full_name
     except Exception:  # pylint: disable=broad-except  # reading it later raises clearly
       pass
-    return _slug(f"tfds:{name}:{rest.rpartition(':')[2]}")
-  return _slug(source)
+    return slug(f"tfds:{name}:{rest.rpartition(':')[2]}")
+  return slug(source)
 
 
 def config_name(source: str, vocab_path: str, key: str | None = None) -> str:
   """demo-1a2b3c4d, files_<hash of the files>-..., tfds_wikipedia_20230601.en_1.0.0_text-..."""
-  return f"{key or _slug(source)}-{fetch.sha256_of(vocab_path)[:8]}"
+  return f"{key or slug(source)}-{fetch.sha256_of(vocab_path)[:8]}"
 
 
 @dataclasses.dataclass(eq=False)
 class PretrainCorpusConfig(tfds.core.BuilderConfig):
-  """source: 'demo[:<part>+...]' | 'files:<glob>[,<glob>...]' | 'tfds:<name>:<text_field>'."""
+  """source: 'demo[:<part>+...]' | 'files:<glob>[,<glob>...][:<jsonl field>]' |
+  'tfds:<name>:<text_field>'."""
   source: str = "demo"
   vocab_path: str = ""
   lowercase: bool = True
@@ -187,7 +195,7 @@ class PretrainCorpusConfig(tfds.core.BuilderConfig):
   source_data_dir: str | None = None  # tfds: where the source dataset lives
 
 
-def _documents(cfg: PretrainCorpusConfig, stats: sources.ReadStats) -> Iterator[sources.Document]:
+def documents(cfg: PretrainCorpusConfig, stats: sources.ReadStats) -> Iterator[sources.Document]:
   """Every document of the source, in a fixed order (split later by sources.split_of)."""
   kind, _, rest = cfg.source.partition(":")
   if kind == "demo":  # demo | demo:<part>[+<part>...], parts from sources.DEMO_PARTS
@@ -199,7 +207,8 @@ def _documents(cfg: PretrainCorpusConfig, stats: sources.ReadStats) -> Iterator[
                        f"'demo:' + parts from {list(known)} joined by '+'.")
     yield from sources.demo_documents(cfg.cache_dir, split=None, parts=parts)
   elif kind == "files":
-    yield from sources.local_documents(rest.split(","), cfg.blank_line_docs, stats)
+    globs, field = sources.parse_files_spec(rest)
+    yield from sources.local_documents(globs, cfg.blank_line_docs, stats, field=field)
   elif kind == "tfds":
     name, _, field = rest.rpartition(":")
     if not name or not field:
@@ -296,13 +305,13 @@ class PretrainCorpus(tfds.core.GeneratorBasedBuilder):
     stats = sources.ReadStats()
     if cfg.source.startswith("tfds:"):  # may be huge: stream it, once per split
       return {split: self._generate_examples(
-          tok, split, (d for d in _documents(cfg, stats) if sources.split_of(d.doc_id) == split),
+          tok, split, (d for d in documents(cfg, stats) if sources.split_of(d.doc_id) == split),
           stats) for split in ("train", "validation")}
     # Small sources are read once. TFDS refuses to write an empty split, and a handful of
     # documents may leave none for validation: then there is no validation split (reading it
     # raises a clear error) and a warning says so.
     by_split = {"train": [], "validation": []}
-    for d in _documents(cfg, stats):
+    for d in documents(cfg, stats):
       by_split[sources.split_of(d.doc_id)].append(d)
     if not by_split["validation"]:
       logging.warning("%s: none of the %d documents falls in the validation split (1 in %d "

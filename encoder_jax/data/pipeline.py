@@ -3,6 +3,9 @@
   loader = pretrain_loader(source="demo", vocab="minilm", split="train",
                            example=ExampleConfig(format="full_sentences", max_length=128),
                            global_batch_size=256)      # process index/count from jax
+  # at scale / mixtures: rows built in parallel into array_record shards, read by index
+  loader = pretrain_loader(source="mix:files:wiki/*.jsonl:text@0.8+files:books/*.txt@0.2",
+                           sharded=True, build_workers=16, ...)
   it = iter(loader)
   batch = next(it)          # this host's share: dict of numpy arrays [B_host, T] (see below)
   state = it.get_state()    # {"step": ..., ...}: JSON-able, save it with the checkpoint
@@ -38,7 +41,7 @@ from absl import flags
 import grain
 import numpy as np
 
-from encoder_jax.data import builders, examples, tokenizer
+from encoder_jax.data import builders, examples, shards, tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,19 +176,37 @@ def pretrain_loader(source: str = "demo", vocab: str = "minilm", split: str = "t
                     global_batch_size: int = 32, seed: int = 0, num_epochs: int | None = None,
                     process_index: int | None = None, process_count: int | None = None,
                     data_dir=None, cache_dir=None, worker_count: int = 0,
-                    prefetch: int = 8, example_ids: bool = False) -> Loader:
+                    prefetch: int = 8, example_ids: bool = False, sharded: bool = False,
+                    build_workers: int = 2,
+                    shard_docs: int = shards.DEFAULT_DOCS_PER_SHARD,
+                    source_data_dir: str | None = None) -> Loader:
   """Builds (once) the tokenized corpus, plans the rows and returns this host's loader.
 
+  sharded=False: the TFDS document corpus (builders.py), read whole into this process and
+  planned here: simple, for corpora that fit in memory (the demo). sharded=True: rows built by
+  `build_workers` processes into array_record shards of `shard_docs` documents (shards.py) and
+  read by index, never whole; needed for mixtures ('mix:...') and corpora at scale.
+  source_data_dir: where a tfds:<name> source's dataset lives (None: TFDS's default).
   process_index / process_count default to jax.process_index() / jax.process_count().
   """
   if process_index is None or process_count is None:
     import jax  # pylint: disable=g-import-not-at-top
     process_index, process_count = jax.process_index(), jax.process_count()
-  builder = builders.prepare_corpus(source, vocab, data_dir=data_dir, cache_dir=cache_dir)
-  corpus = builders.read_corpus(builder, split)
   tok = tokenizer.WordPieceTokenizer.load(builders.resolve_vocab(vocab, cache_dir))
-  plan = examples.make_plan(corpus, example)
-  rows = examples.Rows(corpus, plan, example, tok.cls_id, tok.sep_id, tok.pad_id)
+  if sharded:
+    parts = shards.prepare_shards(source, vocab, example, data_dir, cache_dir,
+                                  workers=build_workers, docs_per_shard=shard_docs,
+                                  source_data_dir=source_data_dir)
+    rows = shards.ShardedRows(parts, split)
+  else:
+    if source.startswith("mix:"):
+      raise ValueError(f"source {source!r} is a mixture: mixtures are built as shards; set "
+                       "sharded=True (--config.data.sharded=True)")
+    builder = builders.prepare_corpus(source, vocab, data_dir=data_dir, cache_dir=cache_dir,
+                                      source_data_dir=source_data_dir)
+    corpus = builders.read_corpus(builder, split)
+    plan = examples.make_plan(corpus, example)
+    rows = examples.Rows(corpus, plan, example, tok.cls_id, tok.sep_id, tok.pad_id)
   return Loader(rows, LoaderConfig(global_batch_size, seed, num_epochs, process_index,
                                    process_count, worker_count=worker_count, prefetch=prefetch,
                                    example_ids=example_ids), tokenizer=tok)

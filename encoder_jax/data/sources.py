@@ -5,18 +5,24 @@ and DOC-SENTENCES need them. Sources:
 
   demo_documents(cache_dir, split)   SOTU + Moby-Dick + Brown (tags stripped), Brown POS
                                      dev/test documents held out; split by a stable hash
-  local_documents(patterns, blank_line_docs=False)
-                                     UTF-8 text files, local or gs://: one document per
-                                     file, or one per blank-line-separated block
+  local_documents(patterns, blank_line_docs=False, field=None)
+                                     UTF-8 files, local or gs://, `.gz` read through gzip:
+                                     text (one document per file, or one per blank-line-
+                                     separated block) or `.jsonl` (one document per line,
+                                     its text in `field`)
   tfds_documents(name, text_field, split, data_dir)
                                      any TFDS text dataset prepared as array_record (e.g.
                                      `wikipedia/20230601.en` with text_field="text")
+
+`local_texts` and `tfds_texts` yield the same documents as (doc_id, raw text) before sentence
+splitting, in the same order: the sharded build (shards.py) splits sentences in its workers.
 
 Bad input is handled, counted and logged, never a crash mid-way: empty files and documents
 without text are skipped; undecodable bytes become U+FFFD; a source that yields no document at
 all raises `ValueError` naming it.
 """
 import dataclasses
+import gzip
 import hashlib
 import json
 import os
@@ -144,6 +150,8 @@ def demo_documents(cache_dir=None, split: str | None = "train",
 
 def _read_text(path: str, stats: ReadStats) -> str:
   raw = epath.Path(path).read_bytes()
+  if path.endswith(".gz"):
+    raw = gzip.decompress(raw)
   try:
     return raw.decode("utf-8")
   except UnicodeDecodeError:
@@ -172,18 +180,65 @@ def resolve_files(patterns: Sequence[str]) -> tuple[list[str], str]:
   return files, paths.commonpath(files)
 
 
-def local_documents(patterns: Sequence[str] | str, blank_line_docs: bool = False,
-                    stats: ReadStats | None = None) -> list[Document]:
-  """Documents from text files (paths or glob patterns; local or gs://).
+_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 
-  blank_line_docs=False: one document per file (blank lines only separate paragraphs).
-  blank_line_docs=True: every blank-line-separated block is a document.
+
+def parse_files_spec(rest: str) -> tuple[list[str], str | None]:
+  """'<glob>[,<glob>...][:<field>]' (what follows 'files:') -> (globs, jsonl field or None).
+
+  The field names the text of each `.jsonl` line (e.g. `files:dump/*.jsonl.gz:text`); a last
+  ':'-part that is a plain name is taken as the field, so `gs://` globs stay globs.
+  """
+  head, sep, tail = rest.rpartition(":")
+  if sep and head and _FIELD.fullmatch(tail):
+    return head.split(","), tail
+  return rest.split(","), None
+
+
+def _is_jsonl(path: str) -> bool:
+  return path.removesuffix(".gz").endswith(".jsonl")
+
+
+def _jsonl_texts(path: str, rel: str, text: str, field: str | None,
+                 stats: ReadStats) -> Iterator[tuple[str, str]]:
+  if field is None:
+    raise ValueError(f"{path} is a .jsonl file but no field names its text; add it after the "
+                     f"glob, e.g. 'files:{rel}:text'")
+  for i, line in enumerate(text.splitlines()):
+    if not line.strip():
+      continue
+    try:
+      rec = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{path}, line {i + 1}: not JSON ({e}); a .jsonl file holds one JSON "
+                       "object per line") from e
+    if not isinstance(rec, dict) or field not in rec:
+      keys = sorted(rec) if isinstance(rec, dict) else type(rec).__name__
+      raise ValueError(f"{path}, line {i + 1}: no field {field!r} (it has {keys}); name the "
+                       f"text field after the glob, e.g. 'files:<glob>:<field>'")
+    value = rec[field]
+    if not isinstance(value, str) or not value.strip():
+      stats.empty_documents += 1
+      continue
+    yield f"{rel}#{i}", value
+
+
+def local_texts(patterns: Sequence[str] | str, blank_line_docs: bool = False,
+                field: str | None = None,
+                stats: ReadStats | None = None) -> Iterator[tuple[str, str]]:
+  """(doc_id, text) of every document of the files, streamed one file at a time.
+
+  Text files: one document per file, or with blank_line_docs one per blank-line-separated
+  block (id `<file>#<block>`). `.jsonl` files: one document per line, its text in `field`
+  (id `<file>#<line>`). A `.gz` suffix is read through gzip first.
   """
   stats = stats if stats is not None else ReadStats()
   if isinstance(patterns, str):
     patterns = [patterns]
   files, root = resolve_files(patterns)
-  docs = []
+  if field is not None and not any(_is_jsonl(f) for f in files):
+    raise ValueError(f"files {list(patterns)}: a field ({field!r}) is only read from .jsonl "
+                     "files and none matched; drop ':<field>' for text files")
   for path in files:
     stats.files += 1
     text = _read_text(path, stats)
@@ -191,14 +246,37 @@ def local_documents(patterns: Sequence[str] | str, blank_line_docs: bool = False
       stats.empty_files += 1
       logging.warning("skipping empty file %s", path)
       continue
-    blocks = _BLANK_LINES.split(text) if blank_line_docs else [text]
-    for i, block in enumerate(blocks):
-      sents = split_sentences(block)
-      if not sents:
+    rel = paths.relpath(path, root)
+    if _is_jsonl(path):
+      yield from _jsonl_texts(path, rel, text, field, stats)
+      continue
+    if not blank_line_docs:
+      yield rel, text
+      continue
+    for i, block in enumerate(_BLANK_LINES.split(text)):
+      if block.strip():
+        yield f"{rel}#{i}", block
+      else:
         stats.empty_documents += 1
-        continue
-      rel = paths.relpath(path, root)
-      docs.append(Document(f"{rel}#{i}" if blank_line_docs else rel, sents))
+
+
+def local_documents(patterns: Sequence[str] | str, blank_line_docs: bool = False,
+                    stats: ReadStats | None = None, field: str | None = None) -> list[Document]:
+  """Documents from files (paths or glob patterns; local or gs://): see `local_texts`.
+
+  blank_line_docs=False: one document per text file (blank lines only separate paragraphs).
+  blank_line_docs=True: every blank-line-separated block is a document.
+  """
+  stats = stats if stats is not None else ReadStats()
+  if isinstance(patterns, str):
+    patterns = [patterns]
+  docs = []
+  for doc_id, text in local_texts(patterns, blank_line_docs, field, stats):
+    sents = split_sentences(text)
+    if not sents:
+      stats.empty_documents += 1
+      continue
+    docs.append(Document(doc_id, sents))
   stats.documents = len(docs)
   if stats.empty_files or stats.replaced_chars:
     logging.warning("read %d files: %d empty (skipped), %d with bad UTF-8 (%d chars replaced)",
@@ -209,9 +287,9 @@ def local_documents(patterns: Sequence[str] | str, blank_line_docs: bool = False
   return docs
 
 
-def tfds_documents(name: str, text_field: str, split: str = "train",
-                   data_dir: str | None = None) -> Iterator[Document]:
-  """Documents of a TFDS dataset read without TensorFlow (needs its array_record files).
+def tfds_texts(name: str, text_field: str, split: str = "train",
+               data_dir: str | None = None) -> Iterator[tuple[str, str]]:
+  """(doc_id, text) of a TFDS dataset read without TensorFlow (needs its array_record files).
 
   Prepare it once with `tfds build NAME --file_format=array_record` (or
   `builder.download_and_prepare(file_format="array_record")`).
@@ -234,6 +312,13 @@ def tfds_documents(name: str, text_field: str, split: str = "train",
     text = rec[text_field]
     if isinstance(text, bytes):
       text = text.decode("utf-8", errors="replace")
-    sents = split_sentences(str(text))
+    yield f"{name}/{split}/{i}", str(text)
+
+
+def tfds_documents(name: str, text_field: str, split: str = "train",
+                   data_dir: str | None = None) -> Iterator[Document]:
+  """Documents of a TFDS dataset (see `tfds_texts`), split into sentences."""
+  for doc_id, text in tfds_texts(name, text_field, split, data_dir):
+    sents = split_sentences(text)
     if sents:
-      yield Document(f"{name}/{split}/{i}", sents)
+      yield Document(doc_id, sents)

@@ -8,6 +8,7 @@ the unigram argmax's. The trainer scores both baselines on exactly the positions
 how positions were chosen.
 
   counts = unigram_counts(builder, "train")          # int64 [V], specials included as counted
+  counts = row_counts(shards.ShardedRows(...), V)    # the same from built rows (data.sharded)
   logp_V = unigram_log_probs(counts, special_ids)    # float32 [V], add-one smoothed
   unigram_entropy(counts, special_ids)               # nats, of the train distribution itself
 """
@@ -44,6 +45,24 @@ def unigram_counts(builder, split: str, vocab_size: int,
   where 50M tokens pin down every frequency that matters to the baseline."""
   source = builder.as_data_source(split=split)
   return counts_of((source[i]["ids"] for i in range(len(source))), vocab_size, max_tokens)
+
+
+def row_counts(rows, vocab_size: int, max_tokens: int | None = 50_000_000) -> np.ndarray:
+  """Counts over the real tokens of pre-training rows (any random-access source of row dicts,
+  e.g. shards.ShardedRows), specials included; past `max_tokens`, over evenly spaced rows."""
+  n = len(rows)
+  if max_tokens is not None and n:
+    per_row = max(1, int(rows[0]["mask"].size))
+    n_read = min(n, -(-max_tokens // per_row))
+    order = np.linspace(0, n - 1, n_read).round().astype(np.int64)
+  else:
+    order = np.arange(n)
+
+  def real_ids():
+    for i in order:
+      row = rows[int(i)]
+      yield row["input_ids"][row["mask"]]
+  return counts_of(real_ids(), vocab_size, max_tokens)
 
 
 def _kept(counts: np.ndarray, special_ids: Sequence[int]) -> np.ndarray:

@@ -67,7 +67,7 @@ import ml_collections
 import numpy as np
 
 from encoder_jax import paths
-from encoder_jax.data import builders, examples, pipeline, unigram
+from encoder_jax.data import builders, examples, pipeline, shards, unigram
 from encoder_jax.data.builders import resolve_vocab
 from encoder_jax.data.tokenizer import WordPieceTokenizer
 from encoder_jax.model.config import ModelConfig
@@ -167,7 +167,15 @@ def corpus_builder(config: ml_collections.ConfigDict):
   """The tokenized corpus of `config.data` (built once, then read from the cache)."""
   d = config.data
   return builders.prepare_corpus(d.source, d.vocab, data_dir=d.data_dir or None,
-                                 cache_dir=d.cache_dir or None)
+                                 cache_dir=d.cache_dir or None,
+                                 source_data_dir=d.get("source_data_dir", "") or None)
+
+
+def _shard_args(config: ml_collections.ConfigDict) -> dict:
+  d = config.data
+  return dict(sharded=d.get("sharded", False), build_workers=d.get("build_workers", 2),
+              shard_docs=d.get("shard_docs", shards.DEFAULT_DOCS_PER_SHARD),
+              source_data_dir=d.get("source_data_dir", "") or None)
 
 
 def make_loader(config: ml_collections.ConfigDict, split: str) -> pipeline.Loader:
@@ -176,7 +184,21 @@ def make_loader(config: ml_collections.ConfigDict, split: str) -> pipeline.Loade
       source=d.source, vocab=d.vocab, split=split, example=example_config(config),
       global_batch_size=d.batch_size, seed=config.seed, data_dir=d.data_dir or None,
       cache_dir=d.cache_dir or None, worker_count=d.worker_count,
-      example_ids=config.objective.get("masking", "dynamic") == "static")
+      example_ids=config.objective.get("masking", "dynamic") == "static", **_shard_args(config))
+
+
+def train_unigram_counts(config: ml_collections.ConfigDict, vocab_size: int) -> np.ndarray:
+  """Token counts of the training split: of the TFDS corpus's documents, or with data.sharded
+  of the built rows (evenly spaced ones, so a mixture counts by its weights)."""
+  d = config.data
+  if not d.get("sharded", False):
+    return unigram.unigram_counts(corpus_builder(config), "train", vocab_size)
+  a = _shard_args(config)
+  parts = shards.prepare_shards(d.source, d.vocab, example_config(config), d.data_dir or None,
+                                d.cache_dir or None, workers=a["build_workers"],
+                                docs_per_shard=a["shard_docs"],
+                                source_data_dir=a["source_data_dir"])
+  return unigram.row_counts(shards.ShardedRows(parts, "train"), vocab_size)
 
 
 @dataclasses.dataclass
@@ -280,7 +302,7 @@ def unigram_baseline(config: ml_collections.ConfigDict, obj: pretraining.Objecti
   """(log-probabilities over the vocab, entropy) of the training split's unigram distribution:
   the context-free baseline every evaluation is compared with."""
   with Stage("counting the corpus's unigram frequencies"):
-    counts = unigram.unigram_counts(corpus_builder(config), "train", obj.vocab_size)
+    counts = train_unigram_counts(config, obj.vocab_size)
   return (jax.numpy.asarray(unigram.unigram_log_probs(counts, obj.special_ids)),
           unigram.unigram_entropy(counts, obj.special_ids))
 

@@ -76,7 +76,7 @@ def test_tfds_text_dataset_by_name():
     with pytest.raises(ValueError, match=r"no field 'body'.*\['label', 'text'\]"):
       list(sources.tfds_documents("imdb_reviews", "body", "train"))
     cfg = builders.PretrainCorpusConfig(name="t", source="tfds:imdb_reviews:text")
-    assert len(list(builders._documents(cfg, sources.ReadStats()))) == 4
+    assert len(list(builders.documents(cfg, sources.ReadStats()))) == 4
 
 
 def test_rotten_tomatoes_pretraining_part_holds_only_train_movies():
@@ -92,3 +92,36 @@ def test_rotten_tomatoes_pretraining_part_holds_only_train_movies():
   # The source repeats one snippet under a train and a test movie; nothing else is shared.
   assert not (held_out - train_texts) & {s for d in docs for s in d.sentences}
   assert sum(len(d.sentences) for d in docs) == sum(split[r["movie"]] == "train" for r in rows)
+
+
+def test_jsonl_field_and_gzip(tmp_path):
+  """.jsonl lines are documents (their text in the named field), .gz is read through gzip, and a
+  jsonl without a field, a missing field or a field on text files each say what to write."""
+  import gzip  # pylint: disable=g-import-not-at-top
+  import json  # pylint: disable=g-import-not-at-top
+  lines = [{"text": "First doc. It has two sentences.", "id": 1}, {"text": "  "},
+           {"text": "Third doc here."}]
+  body = "\n".join(json.dumps(r) for r in lines) + "\n\n"
+  (tmp_path / "a.jsonl").write_text(body)
+  (tmp_path / "b.jsonl.gz").write_bytes(gzip.compress(body.encode()))
+  (tmp_path / "c.txt.gz").write_bytes(gzip.compress(b"Zipped text. Para one.\n\nPara two."))
+  assert sources.parse_files_spec(f"{tmp_path}/*.jsonl*:text") == ([f"{tmp_path}/*.jsonl*"],
+                                                                   "text")
+  assert sources.parse_files_spec("gs://b/x/*.txt,gs://b/y.txt") == (
+      ["gs://b/x/*.txt", "gs://b/y.txt"], None)
+  stats = sources.ReadStats()
+  docs = sources.local_documents([f"{tmp_path}/*.jsonl*", f"{tmp_path}/*.txt.gz"], field="text",
+                                 stats=stats)
+  assert [d.doc_id for d in docs] == ["a.jsonl#0", "a.jsonl#2", "b.jsonl.gz#0", "b.jsonl.gz#2",
+                                      "c.txt.gz"]
+  assert docs[0].sentences == ("First doc.", "It has two sentences.")
+  assert docs[3].sentences == ("Third doc here.",) and stats.empty_documents == 2
+  assert docs[4].sentences == ("Zipped text.", "Para one.", "Para two.")
+  blocks = sources.local_documents(f"{tmp_path}/c.txt.gz", blank_line_docs=True)
+  assert [d.doc_id for d in blocks] == ["c.txt.gz#0", "c.txt.gz#1"]
+  with pytest.raises(ValueError, match=r"no field names its text.*:text'"):
+    sources.local_documents(f"{tmp_path}/a.jsonl")
+  with pytest.raises(ValueError, match=r"line 1: no field 'body'.*\['id', 'text'\]"):
+    sources.local_documents(f"{tmp_path}/a.jsonl", field="body")
+  with pytest.raises(ValueError, match="only read from .jsonl"):
+    sources.local_documents(f"{tmp_path}/c.txt.gz", field="text")
