@@ -13,6 +13,7 @@ of a shared, noisy machine hits all of them alike.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import multiprocessing as mp
@@ -56,6 +57,9 @@ class StepSpec:
   # HF's options.
   hf_attn: str = "sdpa"  # attn_implementation: sdpa (HF's default) | eager
   hf_adamw: str = "default"  # torch AdamW implementation: default | foreach | fused
+  # "bfloat16": forward and loss under torch.autocast("cpu", bfloat16) (bf16 matmuls, fp32
+  # parameters and optimizer): the peer of our model.dtype=bfloat16 rows.
+  hf_autocast: str = ""
   seed: int = 0
   # Import encoder_jax from this directory instead (an exported older revision: before/after
   # comparisons of a change in one interleaved run; see train_step.py --variant).
@@ -66,7 +70,7 @@ class StepSpec:
   @property
   def label(self) -> str:
     if self.system == "hf":
-      return "HF torch BertForPreTraining MLM+NSP"
+      return "HF torch BertForPreTraining MLM+NSP" + (" bf16" if self.hf_autocast else "")
     obj = "MLM+NSP" if self.objective == "mlm" and self.nsp else self.objective.upper()
     return f"ours {obj}{self.tag}"
 
@@ -173,6 +177,8 @@ class _Hf:
                          next_sentence_label=torch.as_tensor(b["nsp_label"], dtype=torch.long))
                     for b in batches]
     self.torch = torch
+    self.autocast = (torch.autocast("cpu", dtype=getattr(torch, spec.hf_autocast))
+                     if spec.hf_autocast else contextlib.nullcontext())
     self.i = 0
     self.loss = None
 
@@ -181,7 +187,8 @@ class _Hf:
       b = self.batches[self.i % len(self.batches)]
       self.i += 1
       self.opt.zero_grad(set_to_none=True)
-      loss = self.model(**b).loss
+      with self.autocast:
+        loss = self.model(**b).loss
       loss.backward()
       self.torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
       self.opt.step()

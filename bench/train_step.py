@@ -49,6 +49,11 @@ _ATTN_DROP = flags.DEFINE_float("attention_dropout", 0.1, "Attention-probability
 _HF_ATTN = flags.DEFINE_enum("hf_attn", "sdpa", ["sdpa", "eager"], "HF attn_implementation.")
 _HF_ADAMW = flags.DEFINE_enum("hf_adamw", "default", ["default", "foreach", "fused"],
                               "torch AdamW implementation for the peer.")
+_PRECISIONS = flags.DEFINE_list(
+    "precisions", ["fp32"], "fp32 and/or bf16. bf16 adds rows of both systems with bf16 matmuls "
+    "and fp32 parameters / optimizer state: ours with model.dtype=bfloat16 (configs/pretrain.py "
+    "precision=bf16), HF under torch.autocast('cpu', bfloat16); each bf16 row's 'vs HF' is "
+    "against HF bf16. Worth it on CPUs with AMX / AVX-512 BF16 (see /proc/cpuinfo).")
 _XLA_FLAGS = flags.DEFINE_string("xla_flags", "", "Extra XLA_FLAGS for our workers.")
 _VARIANTS = flags.DEFINE_multi_string(
     "variant", [], "LABEL:FIELD=VALUE[;FIELD=VALUE...]: adds a row of our MLM+NSP step with "
@@ -112,14 +117,25 @@ def specs_for(size: str, batch: int) -> dict[str, systems.StepSpec]:
               attention_dropout=_ATTN_DROP.value, hf_attn=_HF_ATTN.value,
               hf_adamw=_HF_ADAMW.value, xla_flags=_XLA_FLAGS.value)
   out = {}
+  unknown = set(_PRECISIONS.value) - {"fp32", "bf16"}
+  if unknown:
+    raise app.UsageError(f"--precisions: unknown {sorted(unknown)}; use fp32 and/or bf16.")
   if _HF.value:
-    out["hf"] = systems.StepSpec(system="hf", **base)
+    if "fp32" in _PRECISIONS.value:
+      out["hf"] = systems.StepSpec(system="hf", **base)
+    if "bf16" in _PRECISIONS.value:
+      out["hf_bf16"] = systems.StepSpec(system="hf", hf_autocast="bfloat16", **base)
   settings = {"scan": ({}, f" (scan, remat {_REMAT.value})"),
               "unrolled": ({"scan_layers": False, "remat_policy": "none"}, " (unrolled)")}
   for layers in _LAYERS.value:
     changes, tag = settings[layers]
-    out[f"ours_mlm_{layers}"] = systems.StepSpec(system="ours", objective="mlm", nsp=True,
-                                                 tag=tag, **{**base, **changes})
+    if "fp32" in _PRECISIONS.value:
+      out[f"ours_mlm_{layers}"] = systems.StepSpec(system="ours", objective="mlm", nsp=True,
+                                                   tag=tag, **{**base, **changes})
+    if "bf16" in _PRECISIONS.value:
+      out[f"ours_mlm_{layers}_bf16"] = systems.StepSpec(
+          system="ours", objective="mlm", nsp=True, tag=tag + " bf16",
+          **{**base, **changes, "dtype": "bfloat16"})
   if _ELECTRA.value:
     out["ours_electra"] = systems.StepSpec(system="ours", objective="electra", nsp=False,
                                            tag=" (scan)", **base)
@@ -130,11 +146,19 @@ def specs_for(size: str, batch: int) -> dict[str, systems.StepSpec]:
   return out
 
 
+def peer_of(name: str, spec: systems.StepSpec) -> str:
+  """The HF row a row's 'vs HF' divides by: the one of the same precision."""
+  if spec.system == "hf":
+    return name
+  return "hf_bf16" if spec.dtype == "bfloat16" else "hf"
+
+
 def run_size(size: str, batch: int, rounds: int, steps: int) -> list[dict]:
   specs = specs_for(size, batch)
   t0 = time.perf_counter()
   batches = systems.load_batches(batch, _SEQ.value, n=4)
-  hf_b = systems.hf_batches(batches, _SEQ.value) if "hf" in specs else None
+  hf_b = (systems.hf_batches(batches, _SEQ.value)
+          if any(s.system == "hf" for s in specs.values()) else None)
   workers = {}
   try:
     for name, spec in specs.items():
@@ -166,16 +190,17 @@ def run_size(size: str, batch: int, rounds: int, steps: int) -> list[dict]:
                info=infos[name], load=f"{load0} -> {systems.loadavg()}",
                peak=statistics.median(peaks) if peaks else None,
                peaks=tuple(peaks), foreign=tuple(foreign))
-    if "hf" in wall:
-      row["ratio"] = statistics.median(h / s for s, h in zip(wall[name], wall["hf"]))
-      row["cpu_ratio"] = statistics.median(h / c for c, h in zip(cpu[name], cpu["hf"]))
+    peer = peer_of(name, spec)
+    if peer in wall:
+      row["ratio"] = statistics.median(h / s for s, h in zip(wall[name], wall[peer]))
+      row["cpu_ratio"] = statistics.median(h / c for c, h in zip(cpu[name], cpu[peer]))
     rows.append(row)
   return rows
 
 
 def print_table(rows: list[dict], rounds: int, steps: int):
   print(f"\ntrain step, {time.strftime('%Y-%m-%d')}, this CPU ({os.cpu_count()} cores, shared), "
-        f"fp32, dropout 0.1, AdamW + clip 1.0; median of {rounds} interleaved rounds x {steps} "
+        f"{'/'.join(_PRECISIONS.value)}, dropout 0.1, AdamW + clip 1.0; median of {rounds} interleaved rounds x {steps} "
         "steps")
   head = (f"{'size':5s} {'batch':7s} {'system':36s} {'tokens/s':>9s} {'vs HF':>6s} "
           f"{'spread':>6s} {'tok/cpu-s':>9s} {'vs HF':>6s} {'GFLOP/step':>10s} {'GFLOP/s':>8s}")
