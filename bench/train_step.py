@@ -200,8 +200,8 @@ def run_size(size: str, batch: int, rounds: int, steps: int) -> list[dict]:
 
 def print_table(rows: list[dict], rounds: int, steps: int):
   print(f"\ntrain step, {time.strftime('%Y-%m-%d')}, this CPU ({os.cpu_count()} cores, shared), "
-        f"{'/'.join(_PRECISIONS.value)}, dropout 0.1, AdamW + clip 1.0; median of {rounds} interleaved rounds x {steps} "
-        "steps")
+        f"{'/'.join(_PRECISIONS.value)}, dropout 0.1, AdamW + clip 1.0; median of {rounds} "
+        f"interleaved rounds x {steps} steps")
   head = (f"{'size':5s} {'batch':7s} {'system':36s} {'tokens/s':>9s} {'vs HF':>6s} "
           f"{'spread':>6s} {'tok/cpu-s':>9s} {'vs HF':>6s} {'GFLOP/step':>10s} {'GFLOP/s':>8s}")
   peak = any(r["peak"] for r in rows)
