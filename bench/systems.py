@@ -52,13 +52,14 @@ class StepSpec:
   scan_layers: bool = True
   remat_policy: str = "none"
   dtype: str = "float32"
+  dot_dtype: str = ""  # ModelConfig.dot_dtype: "bfloat16" = bf16 matmuls, fp32 activations
   attention_dropout: float = 0.1
   hidden_dropout: float = 0.1
   # HF's options.
   hf_attn: str = "sdpa"  # attn_implementation: sdpa (HF's default) | eager
   hf_adamw: str = "default"  # torch AdamW implementation: default | foreach | fused
   # "bfloat16": forward and loss under torch.autocast("cpu", bfloat16) (bf16 matmuls, fp32
-  # parameters and optimizer): the peer of our model.dtype=bfloat16 rows.
+  # parameters and optimizer): the peer of our bf16 rows (model.dtype or model.dot_dtype).
   hf_autocast: str = ""
   seed: int = 0
   # Import encoder_jax from this directory instead (an exported older revision: before/after
@@ -83,7 +84,8 @@ def model_config(spec: StepSpec):
   from encoder_jax.model.config import model_config_for_size
   return model_config_for_size(
       spec.size, vocab_size=VOCAB_SIZE, scan_layers=spec.scan_layers,
-      remat_policy=spec.remat_policy, dtype=spec.dtype, param_dtype="float32",
+      remat_policy=spec.remat_policy, dtype=spec.dtype, dot_dtype=spec.dot_dtype,
+      param_dtype="float32",
       attention_dropout=spec.attention_dropout, hidden_dropout=spec.hidden_dropout,
       max_positions=max(512, spec.seq_len))
 

@@ -50,10 +50,12 @@ _HF_ATTN = flags.DEFINE_enum("hf_attn", "sdpa", ["sdpa", "eager"], "HF attn_impl
 _HF_ADAMW = flags.DEFINE_enum("hf_adamw", "default", ["default", "foreach", "fused"],
                               "torch AdamW implementation for the peer.")
 _PRECISIONS = flags.DEFINE_list(
-    "precisions", ["fp32"], "fp32 and/or bf16. bf16 adds rows of both systems with bf16 matmuls "
-    "and fp32 parameters / optimizer state: ours with model.dtype=bfloat16 (configs/pretrain.py "
-    "precision=bf16), HF under torch.autocast('cpu', bfloat16); each bf16 row's 'vs HF' is "
-    "against HF bf16. Worth it on CPUs with AMX / AVX-512 BF16 (see /proc/cpuinfo).")
+    "precisions", ["fp32"], "Any of fp32, bf16, bf16_dots. The bf16 ones add rows with bf16 "
+    "matmuls and fp32 parameters / optimizer state, timed against HF under "
+    "torch.autocast('cpu', bfloat16) (one HF bf16 row): bf16 = ours with model.dtype=bfloat16 "
+    "(configs/pretrain.py precision=bf16: bf16 activations too), bf16_dots = ours with "
+    "model.dot_dtype=bfloat16 (precision=bf16_dots: fp32 activations, autocast's split). Worth "
+    "it on CPUs with AVX-512 BF16 / AMX (see /proc/cpuinfo).")
 _XLA_FLAGS = flags.DEFINE_string("xla_flags", "", "Extra XLA_FLAGS for our workers.")
 _VARIANTS = flags.DEFINE_multi_string(
     "variant", [], "LABEL:FIELD=VALUE[;FIELD=VALUE...]: adds a row of our MLM+NSP step with "
@@ -117,13 +119,13 @@ def specs_for(size: str, batch: int) -> dict[str, systems.StepSpec]:
               attention_dropout=_ATTN_DROP.value, hf_attn=_HF_ATTN.value,
               hf_adamw=_HF_ADAMW.value, xla_flags=_XLA_FLAGS.value)
   out = {}
-  unknown = set(_PRECISIONS.value) - {"fp32", "bf16"}
+  unknown = set(_PRECISIONS.value) - {"fp32", "bf16", "bf16_dots"}
   if unknown:
-    raise app.UsageError(f"--precisions: unknown {sorted(unknown)}; use fp32 and/or bf16.")
+    raise app.UsageError(f"--precisions: unknown {sorted(unknown)}; use fp32, bf16, bf16_dots.")
   if _HF.value:
     if "fp32" in _PRECISIONS.value:
       out["hf"] = systems.StepSpec(system="hf", **base)
-    if "bf16" in _PRECISIONS.value:
+    if {"bf16", "bf16_dots"} & set(_PRECISIONS.value):
       out["hf_bf16"] = systems.StepSpec(system="hf", hf_autocast="bfloat16", **base)
   settings = {"scan": ({}, f" (scan, remat {_REMAT.value})"),
               "unrolled": ({"scan_layers": False, "remat_policy": "none"}, " (unrolled)")}
@@ -136,6 +138,10 @@ def specs_for(size: str, batch: int) -> dict[str, systems.StepSpec]:
       out[f"ours_mlm_{layers}_bf16"] = systems.StepSpec(
           system="ours", objective="mlm", nsp=True, tag=tag + " bf16",
           **{**base, **changes, "dtype": "bfloat16"})
+    if "bf16_dots" in _PRECISIONS.value:
+      out[f"ours_mlm_{layers}_bf16_dots"] = systems.StepSpec(
+          system="ours", objective="mlm", nsp=True, tag=tag + " bf16 dots",
+          **{**base, **changes, "dot_dtype": "bfloat16"})
   if _ELECTRA.value:
     out["ours_electra"] = systems.StepSpec(system="ours", objective="electra", nsp=False,
                                            tag=" (scan)", **base)
@@ -150,7 +156,7 @@ def peer_of(name: str, spec: systems.StepSpec) -> str:
   """The HF row a row's 'vs HF' divides by: the one of the same precision."""
   if spec.system == "hf":
     return name
-  return "hf_bf16" if spec.dtype == "bfloat16" else "hf"
+  return "hf_bf16" if "bfloat16" in (spec.dtype, spec.dot_dtype) else "hf"
 
 
 def run_size(size: str, batch: int, rounds: int, steps: int) -> list[dict]:

@@ -130,6 +130,9 @@ def demo(c: ml_collections.ConfigDict) -> None:
   the BERT recipe (lr 3e-4 and less, [CLS] pooler, 2 epochs) left it on the majority class.
   """
   c.pooling, c.learning_rate, c.epochs, c.seeds = "mean", 1e-3, 2, 3
+  # bf16 matmuls (fp32 accumulation and activations) where the CPU has AVX-512 BF16 / AMX, as
+  # the demo's pre-training (configs/pretrain.py precision=auto); fp32 elsewhere.
+  c.model.dot_dtype = "auto"
   c.max_length, c.length_bucket, c.log_every = 64, 16, 50
   c.max_train_examples, c.max_eval_examples = 2000, 1000
   if c.init == "minilm":

@@ -3,7 +3,7 @@
 Run (from the repo root):
   bash run.sh python -m encoder_jax.main --mode=pretrain --workdir=/tmp/run \
       --config=configs/pretrain.py:size=mini,objective=electra,nsp=none,norm=pre
-The demo recipe alone (the main job's pre-training, ~7 min on 2 CPU cores; `bash run.sh demo`
+The demo recipe alone (the main job's pre-training, ~10 min on 2 CPU cores; `bash run.sh demo`
 adds the fine-tuning comparison):
   bash run.sh python -m encoder_jax.main --mode=pretrain --workdir=/tmp/demo_run \
       --config=configs/pretrain.py:runlocal
@@ -35,9 +35,13 @@ Arguments after ':' are comma-separated key=value pairs (`runlocal` alone means 
              optimizer and the schedule restart (1,000 warm-up steps, linear decay over the
              100k; BERT continued one schedule). The position table must already have 512
              rows in phase 1 (model.max_positions, 512 for every size).   (default 1)
-  precision  fp32 | bf16: bf16 computes activations and matmuls in bfloat16 while parameters,
-             gradients and optimizer state stay float32 (the TPU/GPU setting; XLA:CPU has no
-             fast bf16 path)                                              (default fp32)
+  precision  fp32 | bf16 | bf16_dots | auto: parameters, gradients and optimizer state stay
+             float32 in all four. bf16 computes activations and matmuls in bfloat16 (the
+             TPU/GPU setting); bf16_dots keeps activations in fp32 and rounds only the matmul
+             operands to bf16, accumulating in fp32 (torch's CPU autocast split; the fastest
+             on a CPU with AVX-512 BF16 / AMX: bench/README.md); auto is bf16_dots where the
+             model runs on such a CPU and fp32 elsewhere (decided at start-up, logged)
+                                                          (default fp32; auto with runlocal)
 Any leaf can be overridden on the command line: --config.train.steps=100,
 --config.optim.learning_rate=1e-3, --config.model.hidden_dropout=0.0.
 
@@ -85,11 +89,13 @@ def model_config(size: str, norm: str) -> ml_collections.ConfigDict:
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   args = parse_arg(arg, flags=("runlocal",), size="tiny", objective="mlm", nsp="none", format="",
-                   norm="", dropout="", runlocal="False", precision="fp32",
+                   norm="", dropout="", runlocal="False", precision="",
                    phase="1")
-  # pre-LN and no dropout are part of the demo recipe (runlocal); BERT's otherwise.
+  # pre-LN, no dropout and precision auto are part of the demo recipe (runlocal); BERT's
+  # settings (fp32) otherwise.
   args["norm"] = args["norm"] or ("pre" if args["runlocal"] == "True" else "post")
   args["dropout"] = args["dropout"] or ("none" if args["runlocal"] == "True" else "bert")
+  args["precision"] = args["precision"] or ("auto" if args["runlocal"] == "True" else "fp32")
   hidden_dropout, attention_dropout = DROPOUTS[_choice("dropout", args["dropout"], DROPOUTS)]
   objective = _choice("objective", args["objective"], OBJECTIVES)
   task = _choice("nsp", args["nsp"], SENTENCE_TASKS)
@@ -117,8 +123,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Mixed precision: model.dtype is the compute dtype, model.param_dtype (float32) the storage
   # dtype of parameters and hence of gradients and optimizer moments; losses are taken in fp32
   # (tests/train/test_bf16.py: losses track fp32's, parameters stay fp32).
-  config.model.dtype = {"fp32": "float32", "bf16": "bfloat16"}[
-      _choice("precision", args["precision"], ("fp32", "bf16"))]
+  precision = _choice("precision", args["precision"], ("fp32", "bf16", "bf16_dots", "auto"))
+  config.model.dtype = "bfloat16" if precision == "bf16" else "float32"
+  config.model.dot_dtype = {"bf16_dots": "bfloat16", "auto": "auto"}.get(precision, "")
 
   config.data = ml_collections.ConfigDict(dict(
       # demo (SOTU + Moby-Dick + Brown) | demo:<part>[+<part>] (e.g. demo:moby_dick) |
@@ -222,26 +229,35 @@ def runlocal(config: ml_collections.ConfigDict) -> None:
       (16 heads: 19.0%, but 23% slower). ALiBi's steep heads attend to neighbours from step 0;
       the model otherwise spends millions of tokens learning that from its position table.
       position_init "sinusoidal": 18.7% vs 18.3% (within seed noise; free).
-    * pre-LN, no dropout (the `dropout=none` default with runlocal: training then uses
-      jax.nn.dot_product_attention), batch 8 x 128 tokens, AdamW lr 2e-3 (b2 0.98), 100 warm-up
-      steps,
+    * pre-LN, no dropout (the `dropout=none` default with runlocal), batch 8 x 128 tokens,
+      AdamW lr 2e-3 (b2 0.98), 100 warm-up steps,
       linear decay: batch 32 at 2e-3 gave 11.4% and at 5e-3 9.1% (1.2M tokens); batch 16 at
       3e-3 17.3%, batch 4 at 1.5e-3 lower; lr 1.5e-3 17.8%, 3e-3 17.9%; b2 0.95 18.0%.
+      Batch 16 is no faster per token on 2 cores than batch 8 (15.6k tokens/s both); over the
+      10,000-step schedule lr 3e-3 trails 2e-3 at every evaluation (18.7 / 21.3 / 23.0% vs
+      19.0 / 21.7 / 23.3% after 2 / 4 / 6k steps).
     * mask_rate 0.2 (80/10/10): 15% gave 17.8%, 25% 18.9%, 30% 18.4% (each scored at its own
       rate; eval positions are chosen exactly as in training).
-    * size tiny (2 x 128): 2 x 256 reached 17.5% and costs 3x per token; 3 layers see below.
-    * scanned layers with "dots" remat: 10% more tokens/s than unrolled layers here.
-  Measured with `bash run.sh demo` on a fresh clone and an empty cache (2 quiet cores, 13.1k
-  tokens/s): 16.0 / 19.8 / 21.2 / 22.3 / 23.3 / 23.9% after 1 / 2 / 3 / 4 / 5 / 6M tokens
-  (1.4 / 2.6 / 3.9 / 5.2 / 6.6 / 8.0 min); an 8M-token run reached 24.2%. 5,000 steps (5.1M
-  tokens, ~7 min) leave the fine-tuning comparison room inside the main job's 15 minutes;
+    * size tiny (2 x 128): 2 x 256 reached 17.5% and costs 3x per token.
+  Speed (`bench/demo_step.py`: the real step, interleaved rounds, medians; 2026-12-02):
+    * precision "auto": bf16 matmuls with fp32 accumulation and fp32 activations on a CPU with
+      AVX-512 BF16 / AMX (encoder_jax.model.matmul), fp32 elsewhere: the step takes 0.70x the
+      fp32 step's time (14.5k vs 10.5k tokens/s in the same run), the same losses to 3
+      decimals after 300 steps (6.606 vs 6.606).
+    * remat "full" on scanned layers: 0.89-0.91x the time of "dots" (which stacks the
+      attention logits of every layer in zero-filled buffers), 0.92x of unrolled layers.
+  Measured, 10,000 steps (10.2M tokens) with the schedule over all of them, 2 quiet cores:
+  held-out accuracy 19.0 / 21.7 / 23.3 / 24.6 / 25.4% after 2 / 4 / 6 / 8 / 10k steps, in
+  9m56s at 17.8k tokens/s; the same schedule in fp32 runs ~1.4x longer. The main job's
+  pre-training must fit 10 of its 15 minutes, hence the step count below.
   `python -m encoder_jax.demo --curve_of=<workdir>/pretrain` plots a run's curve.
   """
   if config.model.hidden_size % 8 == 0:
     config.model.num_heads = max(config.model.num_heads, 8)
-  config.model.update(dict(position_bias="alibi", position_init="sinusoidal"))
+  config.model.update(dict(position_bias="alibi", position_init="sinusoidal",
+                           remat_policy="full"))
   config.data.update(dict(vocab="demo", max_length=128, batch_size=8))
   config.objective.mask_rate = 0.2
   config.optim.update(dict(learning_rate=2e-3, b2=0.98, warmup_steps=100))
-  config.train.update(dict(steps=5000, log_every=100, eval_every=1000, eval_steps=64,
-                           checkpoint_every=1000, keep=2))
+  config.train.update(dict(steps=10_000, log_every=100, eval_every=2000, eval_steps=64,
+                           checkpoint_every=2000, keep=2))

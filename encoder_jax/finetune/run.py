@@ -27,6 +27,7 @@ from encoder_jax.finetune import metrics as metrics_lib
 from encoder_jax.finetune import tasks as tasks_lib
 from encoder_jax.finetune import trainer
 from encoder_jax.model.attention import describe_attention
+from encoder_jax.model.matmul import describe_dots
 from encoder_jax.model.config import SIZES, ModelConfig
 from encoder_jax.model.heads import pool
 from encoder_jax.train import sharding
@@ -106,6 +107,7 @@ def finetune_and_evaluate(config, workdir: str) -> dict[str, Any]:
   # The attention path of the fine-tuning step (dropout=False trains in eval mode: no dropout).
   logging.info("%s", describe_attention(
       bb.cfg if config.dropout else bb.cfg.replace(attention_dropout=0.0)))
+  logging.info("%s", describe_dots(bb.cfg.dot_dtype, bb.cfg.dtype))
   if config.max_length > bb.cfg.max_positions:
     raise ValueError(f"max_length={config.max_length} > the encoder's max_positions="
                      f"{bb.cfg.max_positions}; lower --config.max_length.")

@@ -8,6 +8,7 @@ Masks are boolean, True = may attend.
 """
 from __future__ import annotations
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 from absl import logging
@@ -15,6 +16,7 @@ from flax import nnx
 
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.model.dropout import Dropout
+from encoder_jax.model.matmul import bf16_dots, einsum
 
 
 def init_normal(cfg: ModelConfig):
@@ -50,26 +52,46 @@ def alibi_slopes(num_heads: int) -> jax.Array:
   return jnp.asarray(slopes[:num_heads], jnp.float32)
 
 
+@flax.struct.dataclass
+class AlibiBias:
+  """ALiBi's [B, N, T, S] bias, -slope_n * |pos_i - pos_j|, kept factored (per-head slopes and
+  [B, 1, T, S] distances) until an attention layer adds it to its logits (`full()` there).
+
+  Passed whole through the scanned layers, XLA materialises the [B, N, T, S] tensor once per
+  step and every layer reads it back, forward and backward (at the demo recipe's 8 heads, ~5%
+  of its CPU step); built inside the layer, the multiply fuses into the logits' sum.
+  """
+  neg_slopes_1xNx1x1: jax.Array
+  dist_Bx1xTxS: jax.Array
+
+  @classmethod
+  def from_positions(cls, positions_BxT: jax.Array, num_heads: int) -> "AlibiBias":
+    pos_BxT = positions_BxT.astype(jnp.float32)
+    return cls(-alibi_slopes(num_heads)[None, :, None, None],
+               jnp.abs(pos_BxT[:, None, :, None] - pos_BxT[:, None, None, :]))
+
+  def full(self) -> jax.Array:
+    return self.neg_slopes_1xNx1x1 * self.dist_Bx1xTxS
+
+
 def alibi_bias(positions_BxT: jax.Array, num_heads: int) -> jax.Array:
   """[B, N, T, T] float32: -slope_n * |pos_i - pos_j| (symmetric: the encoder is bidirectional).
 
   Distances come from position ids, so packed examples (positions restarting at 0) get their
   own distances; attention across packed examples is masked anyway.
   """
-  pos_BxT = positions_BxT.astype(jnp.float32)
-  dist_Bx1xTxS = jnp.abs(pos_BxT[:, None, :, None] - pos_BxT[:, None, None, :])
-  return -alibi_slopes(num_heads)[None, :, None, None] * dist_Bx1xTxS
+  return AlibiBias.from_positions(positions_BxT, num_heads).full()
 
 
 _HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-# Which implementation "auto" picks off GPU. bench/attention_paths.py timed the demo recipe's
+# Which implementation "auto" picks off GPU. bench/demo_step.py timed the demo recipe's
 # CPU step with "xla" and "explicit" (README "Performance"): no clear difference, so jax's call.
 _AUTO_OFF_GPU = "xla"
 _warned: set[str] = set()
 
 
-def attention_path(impl: str, dtype, *, dropout_active: bool,
-                   backend: str | None = None) -> str:
+def attention_path(impl: str, dtype, *, dropout_active: bool, backend: str | None = None,
+                   dot_dtype: str = "") -> str:
   """The attention computation a layer runs: "explicit" | "xla" | "cudnn".
 
   `impl` is ModelConfig.attention_impl, `dtype` the compute dtype, `dropout_active` whether
@@ -78,12 +100,16 @@ def attention_path(impl: str, dtype, *, dropout_active: bool,
   does not expose them: "explicit" then, whatever `impl` says. "auto" is cuDNN on GPU in
   bf16/fp16 (cuDNN flash attention has no fp32 kernel) and XLA elsewhere; a "cudnn" chosen by
   "auto" still falls back to XLA at trace time where jax rejects the shapes (with a warning).
+  Where the model's dots take the bf16 fp32-accumulating path on CPU (matmul.bf16_dots),
+  "auto" is "explicit", whose two einsums take that path (the fused call's would not).
   """
   if dropout_active:
     return "explicit"
   if impl != "auto":
     return impl
   backend = backend or jax.default_backend()
+  if backend == "cpu" and bf16_dots(dot_dtype, dtype, backend):
+    return "explicit"
   if backend == "gpu":
     return "cudnn" if jnp.dtype(dtype) in _HALF else "xla"
   return _AUTO_OFF_GPU
@@ -99,9 +125,10 @@ def describe_attention(cfg: ModelConfig, backend: str | None = None) -> str:
   dtype = jnp.dtype(cfg.dtype).name
   why = f"attention_impl={cfg.attention_impl} on {backend} in {dtype}"
   drop = cfg.attention_dropout > 0
-  train = attention_path(cfg.attention_impl, cfg.dtype, dropout_active=drop, backend=backend)
+  train = attention_path(cfg.attention_impl, cfg.dtype, dropout_active=drop, backend=backend,
+                         dot_dtype=cfg.dot_dtype)
   evaluate = attention_path(cfg.attention_impl, cfg.dtype, dropout_active=False,
-                            backend=backend)
+                            backend=backend, dot_dtype=cfg.dot_dtype)
   if drop:
     train_why = (f"model.attention_dropout={cfg.attention_dropout} drops attention "
                  "probabilities, which the fused call does not expose; attention_dropout=0 "
@@ -146,13 +173,18 @@ class MultiHeadAttention(nnx.Module):
     self.dropout = Dropout(cfg.attention_dropout, deterministic=True)
     self.dtype = cfg.compute_dtype
     self.attention_impl = cfg.attention_impl
+    self.dot_dtype = cfg.dot_dtype
+    self.bf16 = bf16_dots(cfg.dot_dtype, cfg.compute_dtype)
 
   def __call__(self, x_BxTxD: jax.Array, mask_Bx1xTxS: jax.Array, *,
                dropout_rng: jax.Array | None = None,
-               bias_BxNxTxS: jax.Array | None = None) -> jax.Array:
+               bias_BxNxTxS: jax.Array | AlibiBias | None = None) -> jax.Array:
+    if isinstance(bias_BxNxTxS, AlibiBias):
+      bias_BxNxTxS = bias_BxNxTxS.full()  # here, inside the layer (see AlibiBias)
     dt = self.dtype
     x_BxTxD = x_BxTxD.astype(dt)
-    qkv_BxTx3xNxH = (jnp.einsum("btd,dcnh->btcnh", x_BxTxD, self.qkv_kernel[...].astype(dt))
+    qkv_BxTx3xNxH = (einsum("btd,dcnh->btcnh", x_BxTxD, self.qkv_kernel[...].astype(dt),
+                            bf16=self.bf16)
                      + self.qkv_bias[...].astype(dt)[None, None])
     q_BxTxNxH, k_BxSxNxH, v_BxSxNxH = (qkv_BxTx3xNxH[:, :, i] for i in range(3))
     out_BxTxNxH = self._attend(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS, dropout_rng,
@@ -161,7 +193,8 @@ class MultiHeadAttention(nnx.Module):
     # padding values: defined, finite, and independent of what the padding holds.
     any_Bx1xTx1 = jnp.any(mask_Bx1xTxS, axis=-1, keepdims=True)
     out_BxTxNxH = jnp.where(jnp.transpose(any_Bx1xTx1, (0, 2, 1, 3)), out_BxTxNxH, 0)
-    return (jnp.einsum("btnh,nhd->btd", out_BxTxNxH, self.out_kernel[...].astype(dt))
+    return (einsum("btnh,nhd->btd", out_BxTxNxH, self.out_kernel[...].astype(dt),
+                   bf16=self.bf16)
             + self.out_bias[...].astype(dt)[None, None])
 
   def _attend(self, q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS, dropout_rng=None,
@@ -170,7 +203,8 @@ class MultiHeadAttention(nnx.Module):
     runs under a named scope "attention_<path>" (visible in the jaxpr and the HLO metadata, so
     tests can see which path a jitted step traced)."""
     dropout_active = not self.dropout.deterministic and self.dropout.rate > 0.0
-    path = attention_path(self.attention_impl, self.dtype, dropout_active=dropout_active)
+    path = attention_path(self.attention_impl, self.dtype, dropout_active=dropout_active,
+                          dot_dtype=self.dot_dtype)
     if path == "explicit":
       with jax.named_scope("attention_explicit"):
         return self._explicit_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS,
@@ -204,13 +238,17 @@ class MultiHeadAttention(nnx.Module):
       raise ValueError("MultiHeadAttention is in train mode with attention_dropout > 0 but no "
                        "dropout_rng was given; pass dropout_rng or call model.eval().")
     scale = 1.0 / jnp.sqrt(jnp.float32(q_BxTxNxH.shape[-1]))
-    logits_BxNxTxS = jnp.einsum("btnh,bsnh->bnts", q_BxTxNxH, k_BxSxNxH).astype(jnp.float32)
+    logits_BxNxTxS = einsum("btnh,bsnh->bnts", q_BxTxNxH, k_BxSxNxH, out_dtype=jnp.float32,
+                            bf16=self.bf16)
     logits_BxNxTxS = logits_BxNxTxS * scale
     if bias_BxNxTxS is not None:
       logits_BxNxTxS = logits_BxNxTxS + bias_BxNxTxS.astype(jnp.float32)
-    logits_BxNxTxS = jnp.where(mask_Bx1xTxS, logits_BxNxTxS,
-                               jnp.finfo(jnp.float32).min)
+    # The mask as an additive [B, 1, T, S] bias: a hidden key's exp() underflows to exactly 0 as
+    # with where(mask, logits, finfo.min), but the [B, N, T, S] broadcast of the constant, which
+    # XLA hoists out of the scanned layers and materialises, is gone (~4% of the demo step).
+    # -1e9 stays finite under any ALiBi bias; rows with no visible key are zeroed by the caller.
+    logits_BxNxTxS = logits_BxNxTxS + jnp.where(mask_Bx1xTxS, 0.0, -1e9)
     probs_BxNxTxS = jax.nn.softmax(logits_BxNxTxS, axis=-1).astype(self.dtype)
     if dropout_active:
       probs_BxNxTxS = self.dropout(probs_BxNxTxS, rngs=dropout_rng)
-    return jnp.einsum("bnts,bsnh->btnh", probs_BxNxTxS, v_BxSxNxH)
+    return einsum("bnts,bsnh->btnh", probs_BxNxTxS, v_BxSxNxH, bf16=self.bf16)

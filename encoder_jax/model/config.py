@@ -14,6 +14,7 @@ import jax.numpy as jnp
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "explicit")
+DOT_DTYPES = ("", "bfloat16", "auto")
 POSITION_INITS = ("normal", "sinusoidal")
 POSITION_BIASES = ("none", "alibi")
 
@@ -65,6 +66,13 @@ class ModelConfig:
   #   "explicit"  the einsum + fp32 softmax path (what dropout forces), even without dropout.
   # jax itself never picks cuDNN (its default is XLA). bench/gpu.py measures both on a GPU.
   attention_impl: str = "auto"
+  # Matmul operands (encoder_jax.model.matmul): "" = in `dtype`; "bfloat16" = rounded to bf16,
+  # accumulated in fp32, the result back in `dtype`, forward and backward (torch CPU autocast's
+  # split: fp32 activations, bf16 matmuls; configs/pretrain.py precision=bf16_dots); "auto" =
+  # "bfloat16" on a CPU backend whose CPU has AVX-512 BF16 / AMX, "" elsewhere (decided where
+  # the model is built, so one config serves every machine). A bf16 model (dtype="bfloat16")
+  # takes the bf16 dots on CPU, where XLA's bf16-result dots are slower than fp32.
+  dot_dtype: str = ""
   pad_token_id: int = 0
   # How the learned absolute position table starts: "normal" (BERT: truncated normal of
   # initializer_range) or "sinusoidal" (Vaswani et al.'s sin/cos table at the same scale;
@@ -94,6 +102,9 @@ class ModelConfig:
       raise ValueError(
           f"ModelConfig.attention_impl={self.attention_impl!r} (--config.model.attention_impl);"
           f" use one of {ATTENTION_IMPLS}.")
+    if self.dot_dtype not in DOT_DTYPES:
+      raise ValueError(f"ModelConfig.dot_dtype={self.dot_dtype!r} (--config.model.dot_dtype); "
+                       f"use one of {DOT_DTYPES} ('' = the compute dtype).")
     for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "ffn_size",
                  "max_positions"):
       if getattr(self, name) <= 0:

@@ -22,6 +22,8 @@ from encoder_jax.model.config import ModelConfig
 from encoder_jax.model.dropout import Dropout, fold_rng
 from encoder_jax.model.encoder import (Embeddings, Encoder, EncoderOutput, activation_fn, dense,
                                        layer_norm, validate_inputs)
+from encoder_jax.model.heads import tied_logits
+from encoder_jax.model.matmul import bf16_dots, einsum
 
 
 def make_causal_mask(mask_BxT: jax.Array) -> jax.Array:
@@ -63,15 +65,18 @@ class CrossAttention(MultiHeadAttention):
     self.dropout = Dropout(cfg.attention_dropout, deterministic=True)
     self.dtype = cfg.compute_dtype
     self.attention_impl = cfg.attention_impl
+    self.dot_dtype = cfg.dot_dtype
+    self.bf16 = bf16_dots(cfg.dot_dtype, cfg.compute_dtype)
 
   def __call__(self, x_BxTxD: jax.Array, memory: EncoderOutput, *,
                dropout_rng: jax.Array | None = None) -> jax.Array:
     dt = self.dtype
     x_BxTxD = x_BxTxD.astype(dt)
-    q_BxTxNxH = (jnp.einsum("btd,dnh->btnh", x_BxTxD, self.q_kernel[...].astype(dt))
+    q_BxTxNxH = (einsum("btd,dnh->btnh", x_BxTxD, self.q_kernel[...].astype(dt),
+                        bf16=self.bf16)
                  + self.q_bias[...].astype(dt)[None, None])
-    kv_BxSx2xNxH = (jnp.einsum("bsm,mcnh->bscnh", memory.hidden_BxTxD.astype(dt),
-                               self.kv_kernel[...].astype(dt))
+    kv_BxSx2xNxH = (einsum("bsm,mcnh->bscnh", memory.hidden_BxTxD.astype(dt),
+                           self.kv_kernel[...].astype(dt), bf16=self.bf16)
                     + self.kv_bias[...].astype(dt)[None, None])
     k_BxSxNxH, v_BxSxNxH = kv_BxSx2xNxH[:, :, 0], kv_BxSx2xNxH[:, :, 1]
     mask_Bx1xTxS = make_memory_mask(memory.mask_BxT, x_BxTxD.shape[1])
@@ -79,7 +84,8 @@ class CrossAttention(MultiHeadAttention):
     # No real memory slot (an empty source): zeros, never an average of padding.
     any_Bx1x1x1 = jnp.any(memory.mask_BxT, axis=-1)[:, None, None, None]
     out_BxTxNxH = jnp.where(any_Bx1x1x1, out_BxTxNxH, 0)
-    return (jnp.einsum("btnh,nhd->btd", out_BxTxNxH, self.out_kernel[...].astype(dt))
+    return (einsum("btnh,nhd->btd", out_BxTxNxH, self.out_kernel[...].astype(dt),
+                   bf16=self.bf16)
             + self.out_bias[...].astype(dt)[None, None])
 
 
@@ -167,7 +173,7 @@ class Seq2Seq(nnx.Module):
              dropout_rng=None) -> jax.Array:
     """fp32 next-token logits [B, T, V] at every target position."""
     h_BxTxD = self.decoder(tgt_ids_BxT, memory, tgt_mask_BxT, dropout_rng=dropout_rng)
-    logits_BxTxV = self.decoder.embeddings.token.attend(h_BxTxD).astype(jnp.float32)
+    logits_BxTxV = tied_logits(h_BxTxD, self.decoder.embeddings.token, self.decoder.cfg)
     return logits_BxTxV + self.lm_bias[...].astype(jnp.float32)[None, None]
 
   def __call__(self, src_ids_BxS, tgt_ids_BxT, src_mask_BxS=None, tgt_mask_BxT=None, *,

@@ -15,10 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from encoder_jax.model.attention import (MultiHeadAttention, alibi_bias, init_normal,
+from encoder_jax.model.attention import (AlibiBias, MultiHeadAttention, init_normal,
                                          make_attention_mask)
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.model.dropout import Dropout, fold_rng
+from encoder_jax.model.matmul import bf16_dots, linear_dot_general
 
 _REMAT = {
     "full": None,  # save nothing, recompute the whole block in the backward pass
@@ -49,9 +50,12 @@ def layer_norm(cfg: ModelConfig, features: int, *, rngs: nnx.Rngs) -> nnx.LayerN
 
 def dense(cfg: ModelConfig, din: int, dout: int, axes: tuple[str | None, str | None], *,
           rngs: nnx.Rngs) -> nnx.Linear:
+  # The dot is chosen here, once: bf16 with fp32 accumulation where bf16_dots says so.
+  dot = (linear_dot_general if bf16_dots(cfg.dot_dtype, cfg.compute_dtype)
+         else jax.lax.dot_general)
   with nnx.use_eager_sharding(False):
     return nnx.Linear(
-        din, dout, dtype=cfg.compute_dtype, param_dtype=cfg.storage_dtype,
+        din, dout, dtype=cfg.compute_dtype, param_dtype=cfg.storage_dtype, dot_general=dot,
         kernel_init=nnx.with_partitioning(init_normal(cfg), axes),
         bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), (axes[1],)), rngs=rngs)
 
@@ -202,8 +206,8 @@ class Encoder(nnx.Module):
     if self.embed_proj is not None:
       x_BxTxD = self.embed_proj(x_BxTxD)
     mask_Bx1xTxT = make_attention_mask(mask_BxT, segment_ids_BxT)
-    bias_BxNxTxT = (alibi_bias(positions_BxT, cfg.num_heads) if cfg.position_bias == "alibi"
-                    else None)
+    bias_BxNxTxT = (AlibiBias.from_positions(positions_BxT, cfg.num_heads)
+                    if cfg.position_bias == "alibi" else None)
     layer_rng = fold_rng(dropout_rng, 1)
     if cfg.scan_layers:
       x_BxTxD = self._scan_blocks(x_BxTxD, mask_Bx1xTxT, layer_rng, bias_BxNxTxT)

@@ -12,6 +12,7 @@ from flax import nnx
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.model.dropout import Dropout
 from encoder_jax.model.encoder import activation_fn, dense, layer_norm
+from encoder_jax.model.matmul import bf16_dots, einsum
 
 # Large negative for logits at excluded positions; finite so that an all-excluded row still has
 # a defined softmax and no NaN gradients.
@@ -38,6 +39,17 @@ def pool(hidden_BxTxD, mask_BxT, kind: str = "cls", normalize: bool = False) -> 
   return out_BxD
 
 
+def tied_logits(h_BxTxE: jax.Array, token_embed: nnx.Embed, cfg: ModelConfig) -> jax.Array:
+  """fp32 logits over the vocabulary from a decoder tied to the token embedding
+  (`token_embed.attend`), through the bf16 fp32-accumulating dot where the model's dots take
+  it (encoder_jax.model.matmul.bf16_dots)."""
+  if not bf16_dots(cfg.dot_dtype, cfg.compute_dtype):
+    return token_embed.attend(h_BxTxE).astype(jnp.float32)
+  rows = "abcdfg"[:h_BxTxE.ndim - 1]
+  return einsum(f"{rows}e,ve->{rows}v", h_BxTxE, token_embed.embedding[...], bf16=True,
+                out_dtype=jnp.float32)
+
+
 def gather_positions(x_BxTxD: jax.Array, positions_BxP: jax.Array) -> jax.Array:
   """x[b, positions[b, p]] -> [B, P, D] (sparse prediction: only the masked slots)."""
   return jnp.take_along_axis(x_BxTxD, positions_BxP[..., None], axis=1)
@@ -58,12 +70,13 @@ class MlmHead(nnx.Module):
     self.bias = nnx.Param(jnp.zeros((cfg.vocab_size,), cfg.storage_dtype),
                           out_sharding=("vocab",), eager_sharding=False)
     self.act = cfg.activation
+    self.cfg = cfg
 
   def __call__(self, hidden_BxTxD, token_embed: nnx.Embed, positions_BxP=None) -> jax.Array:
     if positions_BxP is not None:
       hidden_BxTxD = gather_positions(hidden_BxTxD, positions_BxP)
     h = self.ln(activation_fn(self.act)(self.transform(hidden_BxTxD)))
-    logits = token_embed.attend(h).astype(jnp.float32)
+    logits = tied_logits(h, token_embed, self.cfg)
     return logits + self.bias[...].astype(jnp.float32).reshape((1,) * (logits.ndim - 1) + (-1,))
 
 

@@ -52,9 +52,17 @@ def softmax_cross_entropy(logits_NxC: jax.Array, labels_N: jax.Array,
   # Zeroing ignored rows first keeps NaN/inf there out of the forward and backward pass.
   logits_NxC = jnp.where(keep_Nx1, logits_NxC.astype(jnp.float32), 0.0)
   safe_labels_N = jnp.where(labels_N == IGNORE_LABEL, 0, labels_N).astype(jnp.int32)
-  logp_NxC = jax.nn.log_softmax(logits_NxC, axis=-1)
-  nll_N = -jnp.take_along_axis(logp_NxC, safe_labels_N[..., None], axis=-1)[..., 0]
-  correct_N = (jnp.argmax(logits_NxC, axis=-1) == safe_labels_N).astype(jnp.float32)
+  # -log_softmax(logits)[label] as logsumexp - the label's logit, picked with a one-hot mask
+  # instead of take_along_axis (optax's way): that gather's gradient zero-fills an [N, C]
+  # buffer and scatters into it, 3 of the demo step's ~65 ms on CPU (bench/README.md); the
+  # mask's gradient is element-wise and fuses with the softmax's.
+  label_NxC = jax.nn.one_hot(safe_labels_N, logits_NxC.shape[-1], dtype=jnp.bool_)
+  label_logit_N = jnp.sum(jnp.where(label_NxC, logits_NxC, 0.0), axis=-1)
+  nll_N = jax.nn.logsumexp(logits_NxC, axis=-1) - label_logit_N
+  # Correct = the label's logit is the row's maximum (argmax's test, up to exact ties, which
+  # count as correct here); a max is one fused reduction where XLA:CPU's argmax is a slow
+  # (value, index) tuple reduction: 3 of the demo step's ~65 ms.
+  correct_N = (label_logit_N >= jnp.max(logits_NxC, axis=-1)).astype(jnp.float32)
   count = w_N.sum()
   return (safe_mean((w_N * nll_N).sum(), count), safe_mean((w_N * correct_N).sum(), count),
           count)

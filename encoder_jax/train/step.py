@@ -21,6 +21,7 @@ from absl import logging
 from flax import nnx
 
 from encoder_jax.model.attention import describe_attention
+from encoder_jax.model.matmul import describe_dots
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.objectives import pretraining
 # The objective's config and model choice are the step's static inputs; re-exported so that
@@ -54,6 +55,7 @@ def create(cfg: ModelConfig, obj: ObjectiveConfig, tx: optax.GradientTransformat
   computation the training and evaluation steps will trace, and why (model.attention_path).
   """
   logging.info("%s", describe_attention(cfg))
+  logging.info("%s", describe_dots(cfg.dot_dtype, cfg.dtype))
   abstract = nnx.eval_shape(lambda: build_model(cfg, obj, rngs=nnx.Rngs(seed)))
   abstract.eval()
   graphdef_eval, _ = nnx.split(abstract, nnx.Param)

@@ -43,7 +43,7 @@ def test_norm_and_bad_args():
     ("", (0.1, 0.1), "explicit einsum"),  # BERT's recipe
     ("dropout=no_attention", (0.1, 0.0), "jax.nn.dot_product_attention"),
     ("dropout=none", (0.0, 0.0), "jax.nn.dot_product_attention"),
-    ("runlocal", (0.0, 0.0), "jax.nn.dot_product_attention"),  # the demo recipe
+    ("runlocal,precision=fp32", (0.0, 0.0), "jax.nn.dot_product_attention"),  # demo recipe
     ("runlocal,dropout=bert", (0.1, 0.1), "explicit einsum"),
 ])
 def test_dropout_presets_and_the_attention_path_they_train_with(arg, dropouts, train_path):
@@ -55,6 +55,21 @@ def test_dropout_presets_and_the_attention_path_they_train_with(arg, dropouts, t
   assert train_path in line.partition(";")[0], line
   with pytest.raises(ValueError, match=r"dropout='mosaic'.*'bert', 'no_attention', 'none'"):
     pretrain.get_config("dropout=mosaic")
+
+
+@pytest.mark.parametrize("bf16_cpu", [True, False])
+def test_the_demo_recipe_picks_its_matmuls_and_attention_by_cpu(monkeypatch, bf16_cpu):
+  # precision=auto: bf16 matmuls where the CPU multiplies bf16, and then the explicit attention
+  # path (whose einsums take them); fp32 and jax.nn.dot_product_attention elsewhere.
+  from encoder_jax.model import matmul
+  from encoder_jax.model.attention import describe_attention
+  monkeypatch.setattr(matmul, "cpu_has_bf16", lambda: bf16_cpu)
+  cfg = to_model_config(pretrain.get_config("runlocal"))
+  assert (cfg.dtype, cfg.dot_dtype) == ("float32", "auto")
+  line = describe_attention(cfg, "cpu")
+  assert ("explicit einsum" if bf16_cpu else "jax.nn.dot_product_attention") in line, line
+  assert ("fp32 accumulation" in matmul.describe_dots(cfg.dot_dtype, cfg.dtype, "cpu")) == bf16_cpu
+  assert "jax.nn.dot_product_attention" in describe_attention(cfg, "gpu")  # fp32 on a GPU
 
 
 def test_cli_overrides(tmp_path):

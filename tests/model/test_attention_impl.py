@@ -36,19 +36,33 @@ def _asked_for(monkeypatch, backend, dtype):
   return asked, out
 
 
+def _out_on(monkeypatch, backend, impl, dtype):
+  """_out on a machine whose default backend reads `backend` (which also picks the matmuls:
+  encoder_jax.model.matmul.bf16_dots)."""
+  monkeypatch.setattr(jax, "default_backend", lambda: backend)
+  out = _out(impl, dtype)
+  monkeypatch.undo()
+  return out
+
+
 def test_auto_picks_cudnn_only_on_gpu_in_half_precision(monkeypatch):
   layers = model_config_for_size("tiny").num_layers  # at most a cuDNN try + an XLA call each
-  for backend, dtype in (("cpu", "bfloat16"), ("tpu", "bfloat16"), ("gpu", "float32")):
+  for backend, dtype in (("cpu", "float32"), ("tpu", "bfloat16"), ("gpu", "float32")):
     asked, out = _asked_for(monkeypatch, backend, dtype)
     assert set(asked) == {"xla"}, (backend, dtype, asked)  # XLA, cuDNN never tried
-    np.testing.assert_array_equal(out, _out("xla", dtype))
+    np.testing.assert_array_equal(out, _out_on(monkeypatch, backend, "xla", dtype))
+  # A bf16 model on CPU runs its dots through model.matmul's fp32-accumulating path, which the
+  # fused call would bypass: "auto" is the explicit path there.
+  asked, out = _asked_for(monkeypatch, "cpu", "bfloat16")
+  assert asked == [], asked
+  np.testing.assert_array_equal(out, _out("explicit", "bfloat16"))
   # On a GPU in bf16 "auto" asks for cuDNN first; where cuDNN cannot run (this CPU) it falls
   # back to XLA (an explicit "cudnn" raises instead, below).
   asked, out = _asked_for(monkeypatch, "gpu", "bfloat16")
   assert asked[0] == "cudnn" and len(asked) <= 2 * layers, asked
   if jax.default_backend() != "gpu":
     assert asked[1:2] == ["xla"], asked
-    np.testing.assert_array_equal(out, _out("xla", "bfloat16"))
+    np.testing.assert_array_equal(out, _out_on(monkeypatch, "gpu", "xla", "bfloat16"))
 
 
 def test_explicit_cudnn_raises_without_cudnn():

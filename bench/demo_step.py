@@ -1,14 +1,17 @@
-r"""Train-step time of the demo recipe with each attention path (ModelConfig.attention_impl).
+r"""Train-step time of the demo recipe under config variants, interleaved.
 
-  python bench/attention_paths.py                          # xla vs explicit, 5 rounds x 10 steps
-  python bench/attention_paths.py --impls=xla,explicit --rounds=3 --steps=5 --arg=runlocal
+  python bench/demo_step.py        # fp32 vs bf16 matmuls (model.dot_dtype), 5 rounds x 10 steps
+  python bench/demo_step.py --variant='xla:model.attention_impl=xla' \
+      --variant='explicit:model.attention_impl=explicit' --rounds=3 --steps=5 --arg=runlocal
 
 The real jitted step of encoder_jax.train.step for configs/pretrain.py:<--arg> (the demo recipe
-by default: attention dropout 0, so both paths are legal), on random token rows that fill all
-B x T slots. Steps are timed in interleaved rounds (A B, B A, ...) after one compile each, so
-drift of a shared machine hits both alike; the table shows the median ms per step and the
-median of the per-round time ratios to the first implementation (< 1: faster). It decides
-what "auto" picks off GPU (encoder_jax.model.attention._AUTO_OFF_GPU).
+by default), each variant with its `--config`-style overrides (LABEL:key=value[;key=value]),
+on random token rows that fill all B x T slots. Steps are timed in interleaved rounds (A B,
+B A, ...) after one compile each, so drift of a shared machine hits all alike; the table shows
+the median ms per step and the median of the per-round time ratios to the first variant
+(< 1: faster). It decided what attention_impl "auto" picks off GPU
+(encoder_jax.model.attention._AUTO_OFF_GPU) and measures the bf16 matmul path on CPU
+(encoder_jax.model.matmul).
 """
 from __future__ import annotations
 
@@ -19,14 +22,35 @@ import time
 from absl import app, flags
 
 
-_IMPLS = flags.DEFINE_list("impls", ["xla", "explicit"], "attention_impl values to time.")
+_VARIANTS = flags.DEFINE_multi_string(
+    "variant", ["fp32:model.dot_dtype=", "bf16_dots:model.dot_dtype=bfloat16"],
+    "LABEL:key=value[;key=value...]: config overrides of one timed variant (values parsed as "
+    "the leaf's type; repeat the flag for more variants, the first is the reference).")
 _ARG = flags.DEFINE_string("arg", "runlocal", "configs/pretrain.py argument.")
 _VOCAB = flags.DEFINE_integer("vocab_size", 8192, "Vocabulary (the demo WordPiece's size).")
 _ROUNDS = flags.DEFINE_integer("rounds", 5, "Interleaved rounds.")
 _STEPS = flags.DEFINE_integer("steps", 10, "Steps per implementation per round.")
 
 
-def build(impl: str):
+def parse_variant(text: str) -> tuple[str, dict[str, str]]:
+  label, _, rest = text.partition(":")
+  pairs = [kv.split("=", 1) for kv in rest.split(";") if kv]
+  if not label or any(len(kv) != 2 for kv in pairs):
+    raise app.UsageError(f"--variant={text!r}: use LABEL:key=value[;key=value...]")
+  return label, dict(pairs)
+
+
+def _set(config, key: str, value: str) -> None:
+  *path, leaf = key.split(".")
+  node = config
+  for name in path:
+    node = node[name]
+  old = node[leaf]
+  node[leaf] = (value.lower() in ("1", "true") if isinstance(old, bool)
+                else type(old)(value) if old is not None else value)
+
+
+def build(label: str, overrides: dict[str, str]):
   import jax
   import numpy as np
   from configs import pretrain
@@ -34,7 +58,8 @@ def build(impl: str):
   from encoder_jax.train import loop, step as step_lib
   from encoder_jax.train.optim import OptimConfig, build_optimizer
   config = pretrain.get_config(_ARG.value)
-  config.model.attention_impl = impl
+  for key, value in overrides.items():
+    _set(config, key, value)
   cfg = loop.model_config(config, _VOCAB.value)
   o, t = config.objective, config.data.max_length
   obj = step_lib.ObjectiveConfig(
@@ -54,14 +79,17 @@ def build(impl: str):
   t0 = time.perf_counter()
   state, m = step(state, batch)
   jax.block_until_ready(m)
-  print(f"{impl}: compiled + first step in {time.perf_counter() - t0:.1f} s", flush=True)
+  print(f"{label}: compiled + first step in {time.perf_counter() - t0:.1f} s", flush=True)
   return step, state, batch, b * t
 
 
 def main(argv):
   del argv
   import jax
-  runs = {impl: list(build(impl)) for impl in _IMPLS.value}
+  runs = {}
+  for text in _VARIANTS.value:
+    label, overrides = parse_variant(text)
+    runs[label] = list(build(label, overrides))
   times = {impl: [] for impl in runs}
   order = list(runs)
   for r in range(_ROUNDS.value):
@@ -80,7 +108,7 @@ def main(argv):
     ratio = statistics.median(a / b for a, b in zip(times[impl], times[first]))
     ms = statistics.median(times[impl]) * 1e3
     per_round = ", ".join(f"{x * 1e3:.0f}" for x in times[impl])
-    print(f"  {impl:9s} {ms:8.1f} ms/step  {runs[impl][3] / ms * 1e3:9.0f} tokens/s  "
+    print(f"  {impl:12s} {ms:8.1f} ms/step  {runs[impl][3] / ms * 1e3:9.0f} tokens/s  "
           f"time x{ratio:.2f} of {first}'s  (ms per round: {per_round})")
 
 
