@@ -259,5 +259,5 @@ def runlocal(config: ml_collections.ConfigDict) -> None:
   config.data.update(dict(vocab="demo", max_length=128, batch_size=8))
   config.objective.mask_rate = 0.2
   config.optim.update(dict(learning_rate=2e-3, b2=0.98, warmup_steps=100))
-  config.train.update(dict(steps=10_000, log_every=100, eval_every=2000, eval_steps=64,
-                           checkpoint_every=2000, keep=2))
+  config.train.update(dict(steps=9_000, log_every=100, eval_every=1500, eval_steps=64,
+                           checkpoint_every=1500, keep=2))

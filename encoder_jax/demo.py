@@ -240,6 +240,11 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  # XLA's persistent compilation cache (as every encoder_jax command): the random-init
+  # fine-tuning jobs compile the same programs as the checkpoint's, and a re-run compiles
+  # nothing. Set before JAX is imported (the config file imports it).
+  from encoder_jax import cli  # pylint: disable=g-import-not-at-top
+  cli.enable_compilation_cache()
   _define_flags()
   logging.set_verbosity(logging.WARNING)
   app.run(main)
