@@ -363,7 +363,11 @@ def prepare(make: Callable[[str], tfds.core.DatasetBuilder],
   """
   data_dir = os.fspath(data_dir)
   if not paths.is_uri(data_dir):
-    return build_once(make(data_dir))
+    build_once(make(data_dir))
+    # Opened again after the build: a builder made while another process was still building
+    # holds that moment's info (no splits), and reading through it fails (seen with two test
+    # workers on a fresh cache).
+    return make(data_dir)
   if paths.is_primary():
     builder = make(data_dir)
     if not builder.is_prepared():
