@@ -67,7 +67,8 @@ def describe_dots(dot_dtype: str, dtype, backend: str | None = None) -> str:
   return f"matmuls: in {jnp.dtype(dtype).name} ({why})"
 
 
-def _transpose_specs(spec: str) -> tuple[str, str, str, str, str]:
+def _transpose_specs(spec: str) -> tuple[str, str]:
+  """The einsum specs of the two operands' gradients (cotangent with the other operand)."""
   ins, out = spec.replace(" ", "").split("->")
   a, b = ins.split(",")
   for name, s, other in (("first", a, b), ("second", b, a)):
@@ -77,7 +78,7 @@ def _transpose_specs(spec: str) -> tuple[str, str, str, str, str]:
     if lost or len(set(s)) != len(s) or "." in s:
       raise ValueError(f"einsum spec {spec!r}: the {name} operand's indices {s!r} must each "
                        "appear once and also in the output or the other operand (no ellipsis)")
-  return a, b, out, f"{out},{b}->{a}", f"{a},{out}->{b}"
+  return f"{out},{b}->{a}", f"{a},{out}->{b}"
 
 
 def _plan(sx, sy, out, size):
@@ -142,7 +143,7 @@ def _einsum_f32_fwd(spec, a, b, out_dtype):
 def _einsum_f32_bwd(spec, out_dtype, res, g):
   del out_dtype
   a, b = res  # both bf16
-  _, _, _, grad_a, grad_b = _transpose_specs(spec)
+  grad_a, grad_b = _transpose_specs(spec)
   g = g.astype(BF16)  # the cotangent of an fp32 result is rounded to bf16, as the operands
   return _acc(grad_a, g, b, a.dtype), _acc(grad_b, a, g, b.dtype)
 

@@ -7,6 +7,7 @@ must be bf16 x bf16 -> fp32; and models of awkward shapes (batch 1, one output u
 heads) must compile and run, since XLA:CPU has no bf16 x bf16 -> fp32 kernel off its fast path.
 """
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -110,7 +111,7 @@ def _dots(fn, *args):
       if eqn.primitive.name == "dot_general":
         found.append((eqn.invars[0].aval.dtype, eqn.invars[1].aval.dtype,
                       eqn.params.get("preferred_element_type")))
-      for sub in jax.core.jaxprs_in_params(eqn.params):
+      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
         walk(sub)
   walk(jax.make_jaxpr(fn)(*args).jaxpr)
   return found

@@ -33,9 +33,14 @@ def run(env, precision: str, tmp_path) -> tuple[dict, pathlib.Path]:
   return {k: v["loss"] for k, v in H.train_rows(workdir).items()}, workdir
 
 
+@pytest.fixture(scope="module")
+def fp32_losses(env, tmp_path_factory):
+  return run(env, "fp32", tmp_path_factory.mktemp("fp32"))[0]  # one reference for both
+
+
 @pytest.mark.parametrize("precision", ["bf16", "bf16_dots"])
-def test_bf16_tracks_fp32_and_stores_fp32(env, tmp_path, precision):
-  fp32, _ = run(env, "fp32", tmp_path)
+def test_bf16_tracks_fp32_and_stores_fp32(env, tmp_path, precision, fp32_losses):
+  fp32 = fp32_losses
   bf16, workdir = run(env, precision, tmp_path)
   assert sorted(fp32) == sorted(bf16) == list(range(1, STEPS + 1))
   diff = np.array([abs(fp32[k] - bf16[k]) for k in sorted(fp32)])
