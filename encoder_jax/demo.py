@@ -43,6 +43,9 @@ def _define_flags() -> None:
                       "<it>/curve.png and print it; nothing is trained.")
   flags.DEFINE_list("inits", ["pretrained", "random", "minilm"], "Backbones: pretrained (this "
                     "run's checkpoint), random (same shape and vocab), minilm (all-MiniLM-L6-v2).")
+  flags.DEFINE_integer("finetune_workers", 0, "Fine-tuning jobs run in this many worker "
+                       "processes, one CPU core each (encoder_jax/finetune/pool.py); 0: one per "
+                       "usable core; 1: one after another in this process.")
 
 
 INIT_LABELS = {"pretrained": "this run's checkpoint", "random": "random init, same shape",
@@ -61,15 +64,59 @@ def _finetune_config(task: str, init: str, pretrain_dir: pathlib.Path, seeds: in
   return config
 
 
-def _run_or_reuse(config, workdir: pathlib.Path) -> dict:
-  from encoder_jax.finetune.run import finetune_and_evaluate  # pylint: disable=g-import-not-at-top
+def _finished(config, workdir: pathlib.Path) -> dict | None:
+  """The results of a finished job with exactly this config, if workdir holds one."""
   done = workdir / "results.json"
   if done.exists():
     old = json.loads(done.read_text())
     if old.get("config") == json.loads(json.dumps(config.to_dict(), default=str)):
-      print(f"  reusing {done}", flush=True)
       return old
-  return finetune_and_evaluate(config, str(workdir))
+  return None
+
+
+# Longest first, so that the last job to start is a short one: MiniLM (22M parameters) costs
+# about as much per job as the two tiny ones together; a random init of the checkpoint's shape
+# compiles the same programs as the checkpoint's job, so it follows it and finds them in XLA's
+# persistent cache.
+_JOB_ORDER = ("minilm", "pretrained", "random")
+
+
+def run_finetuning(tasks, inits, pretrain_dir: pathlib.Path, workdir: pathlib.Path, seeds: int,
+                   workers: int) -> dict[str, dict[str, dict]]:
+  """Every (task, init) fine-tuning job, finished ones reused, the rest over `workers`
+  processes (encoder_jax.finetune.pool). Returns {task: {init: results}} in the given order."""
+  from encoder_jax.finetune import pool  # pylint: disable=g-import-not-at-top
+  jobs = [(t, i) for t in tasks for i in inits]
+  done: dict[tuple[str, str], dict] = {}
+  todo = []
+  for task, init in jobs:
+    config = _finetune_config(task, init, pretrain_dir, seeds)
+    jdir = workdir / f"finetune_{task}_{init}"
+    old = _finished(config, jdir)
+    if old is not None:
+      print(f"[2/2] reusing {jdir / 'results.json'}", flush=True)
+      done[(task, init)] = old
+    else:
+      todo.append(((task, init), (config, str(jdir))))
+  todo.sort(key=lambda job: _JOB_ORDER.index(job[0][1]) if job[0][1] in _JOB_ORDER else 0)
+  workers = workers or pool.default_workers()
+  if todo:
+    print(f"[2/2] fine-tuning {len(todo)} jobs ({seeds} seeds each) in "
+          f"{min(workers, len(todo))} worker process(es): "
+          + ", ".join(f"{t} from {INIT_LABELS[i]}" for (t, i), _ in todo), flush=True)
+
+  def on_done(n: int, result: dict) -> None:
+    task, init = todo[n][0]
+    test = result["summary"].get("test/accuracy", {})
+    print(f"[2/2] done {task} from {INIT_LABELS[init]} in {result['seconds']:.0f} s: test "
+          f"accuracy median {test.get('median', float('nan')):.4f}", flush=True)
+
+  for (key, _), result in zip(todo, pool.run_jobs([job for _, job in todo], workers, on_done)):
+    done[key] = result
+  out: dict[str, dict[str, dict]] = {}
+  for task, init in jobs:
+    out.setdefault(task, {})[init] = done[(task, init)]
+  return out
 
 
 def _majority_rate(task: str, cache_dir=None) -> float | None:
@@ -101,11 +148,14 @@ def learning_curve(pretrain_dir: pathlib.Path) -> list[dict]:
   if not train:
     return []
   start = train[0]["time"] - train[0]["step"] * train[0]["step_time_s"]
-  out = []
+  out, seen = [], set()
   for r in rows:
     acc_key = next((k for k in ("mlm_accuracy", "gen_accuracy") if k in r), None)
-    if r["split"] != "eval" or acc_key is None:
+    # A finished run that is run again evaluates its last step once more (the same numbers):
+    # keep the first row of a step, whose time is the original one.
+    if r["split"] != "eval" or acc_key is None or r["step"] in seen:
       continue
+    seen.add(r["step"])
     pred = acc_key.split("_")[0]
     out.append(dict(step=r["step"], tokens=r["step"] * per_step,
                     minutes=(r["time"] - start) / 60, accuracy=r[acc_key],
@@ -219,14 +269,8 @@ def main(argv):
   print(f"[1/2] pre-training into {pretrain_dir}", flush=True)
   summary = pretrain(FLAGS.config, str(pretrain_dir))
   summary["tokens_per_step"] = FLAGS.config.data.batch_size * FLAGS.config.data.max_length
-  finetuned: dict[str, dict[str, dict]] = {}
-  jobs = [(t, i) for t in FLAGS.tasks for i in FLAGS.inits]
-  for n, (task, init) in enumerate(jobs, 1):
-    print(f"[2/2] fine-tuning {n}/{len(jobs)}: {task} from {INIT_LABELS[init]} "
-          f"({FLAGS.seeds} seeds)", flush=True)
-    config = _finetune_config(task, init, pretrain_dir, FLAGS.seeds)
-    finetuned.setdefault(task, {})[init] = _run_or_reuse(
-        config, workdir / f"finetune_{task}_{init}")
+  finetuned = run_finetuning(FLAGS.tasks, FLAGS.inits, pretrain_dir, workdir, FLAGS.seeds,
+                             FLAGS.finetune_workers)
   curve = learning_curve(pretrain_dir)
   plot_curve(curve, workdir / "curve.png", f"demo recipe ({pretrain_dir})")
   text = report(summary, finetuned, FLAGS.seeds, curve)

@@ -97,8 +97,10 @@ def init_distributed() -> None:
              if getattr(FLAGS, n) is None]
   if missing:
     raise app.UsageError(f"--distributed=explicit needs {', '.join('--' + m for m in missing)}.")
-  if jax.default_backend() == "cpu":  # CPU collectives across processes go through gloo
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  # CPU collectives across processes go through gloo. Set unconditionally: it configures only
+  # the CPU client, and asking for the backend first (jax.default_backend()) would initialise
+  # it, after which jax.distributed.initialize() refuses to run.
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(coordinator_address=FLAGS.coordinator_address,
                              num_processes=FLAGS.num_processes, process_id=FLAGS.process_id)
 

@@ -48,3 +48,14 @@ def test_report_compares_the_checkpoint_with_random_init_by_range(pre, verdict):
                      {"brown_pos": {"pretrained": _ft(*pre), "random": _ft(0.75, 0.78)}}, 3)
   assert f"Checkpoint vs random init: {verdict}" in text
   assert "| this run's checkpoint |" in text and "| random init, same shape |" in text
+
+
+def test_a_finished_run_evaluated_again_adds_no_point_to_the_curve(tmp_path):
+  run = _run_dir(tmp_path, [0.16, 0.21])
+  rows = (run / "metrics.jsonl").read_text().splitlines()
+  again = dict(json.loads(rows[-1]), time=99999.0)  # the re-run's eval of the last step
+  assert again["split"] == "eval" and again["step"] == 2000
+  (run / "metrics.jsonl").write_text("\n".join(rows + [json.dumps(again)]) + "\n")
+  curve = demo.learning_curve(run)
+  assert [c["step"] for c in curve] == [1000, 2000]
+  assert curve[-1]["minutes"] == pytest.approx((0.1 * 2000 + 2.0) / 60)  # the original row

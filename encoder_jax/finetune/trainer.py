@@ -65,12 +65,14 @@ class TrainConfig:
   log_every: int
   max_answer_length: int
   null_threshold: float
+  eval_dev: bool = True
 
   @classmethod
   def of(cls, config) -> "TrainConfig":
     if isinstance(config, cls):
       return config
-    return cls(**{f.name: config[f.name] for f in dataclasses.fields(cls)})
+    return cls(**{f.name: config[f.name] if f.default is dataclasses.MISSING
+                  else config.get(f.name, f.default) for f in dataclasses.fields(cls)})
 
 
 def is_encoder_param(path) -> bool:
@@ -267,6 +269,8 @@ def finetune_one_seed(spec: tasks_lib.TaskSpec, model: FinetuneModel,
                       steps_and_tx=None) -> dict[str, Any]:
   """Trains `model` on data['train'], picks the epoch with the best first dev metric, scores
   dev and test splits with those parameters. Returns the run's record (JSON-ready).
+  With config.eval_dev False no dev split is scored: the last epoch is kept and the record's
+  "dev" is empty (for one-epoch runs, where there is nothing to select).
   `steps_and_tx`: build_steps(...) of an earlier seed, to reuse its compiled steps."""
   config = TrainConfig.of(config)
   train = data[spec.train_split]
@@ -310,14 +314,16 @@ def finetune_one_seed(spec: tasks_lib.TaskSpec, model: FinetuneModel,
     jax.block_until_ready(state.params)
     train_s = time.time() - t0
     rate = seen / max(time.time() - (t_rate or t0), 1e-9)
-    dev = {s: evaluate(spec, steps, state.params, data[s], config) for s in spec.dev_splits}
-    value = dev[select_split][metric]
+    dev = ({s: evaluate(spec, steps, state.params, data[s], config) for s in spec.dev_splits}
+           if config.eval_dev else {})
+    value = dev[select_split][metric] if config.eval_dev else float(epoch)  # else: the last
     record = {"epoch": epoch, "step": step, "train_seconds": round(train_s, 2),
               "train_examples_per_s": round(rate, 2),
               "train_loss_logged_mean": loss_sum / max(loss_n, 1), "dev": dev}
     history.append(record)
-    logging.info("seed %d epoch %d: dev %s %s = %.4f (%.0f s train, %.1f examples/s)", seed,
-                 epoch, select_split, metric, value, train_s, rate)
+    logging.info("seed %d epoch %d: %s (%.0f s train, %.1f examples/s)", seed, epoch,
+                 f"dev {select_split} {metric} = {value:.4f}" if config.eval_dev else
+                 "no dev evaluation (eval_dev=False)", train_s, rate)
     if best is None or value > best:
       best, best_epoch = value, epoch
       best_params = host_copy(state.params)
@@ -327,10 +333,12 @@ def finetune_one_seed(spec: tasks_lib.TaskSpec, model: FinetuneModel,
     final_dev = history[best_epoch - 1]["dev"]
   else:  # epochs=0: the loaded model as it is (e.g. a frozen-feature baseline's head at init)
     best_epoch = 0
-    final_dev = {s: evaluate(spec, steps, best_params, data[s], config) for s in spec.dev_splits}
+    final_dev = ({s: evaluate(spec, steps, best_params, data[s], config)
+                  for s in spec.dev_splits} if config.eval_dev else {})
   test = (evaluate(spec, steps, best_params, data[spec.test_split], config)
           if spec.test_split and spec.test_split in data else None)
   nnx.update(model, best_params)
-  return {"seed": seed, "best_epoch": best_epoch, "select": f"{select_split}/{metric}",
+  return {"seed": seed, "best_epoch": best_epoch,
+          "select": f"{select_split}/{metric}" if config.eval_dev else "last epoch",
           "dev": final_dev, "test": test, "history": history,
           "seconds": round(time.time() - t_run, 1)}

@@ -65,12 +65,15 @@ def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices=None) -> Mesh:
 def mesh_from_config(spec: str) -> Mesh:
   """`config.mesh`: "auto" or "data,fsdp,tensor" (one entry may be -1).
 
-  "auto": every device data-parallel on accelerators (TPU/GPU), one device on CPU, where
-  extra devices are only the tests' fake ones sharing the same cores.
+  "auto": every device data-parallel on accelerators (TPU/GPU); on CPU one device per
+  process, data-parallel across processes (a process's further CPU devices are only the
+  tests' fake ones sharing its cores).
   """
   if spec == "auto":
     if jax.default_backend() == "cpu":
-      return make_mesh((1, 1, 1), devices=jax.devices()[:1])
+      firsts = [min((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)
+                for p in range(jax.process_count())]
+      return make_mesh((len(firsts), 1, 1), devices=firsts)
     return make_mesh((-1, 1, 1))
   try:
     shape = tuple(int(x) for x in spec.split(","))
