@@ -269,6 +269,7 @@ def main(argv):
   print(f"[1/2] pre-training into {pretrain_dir}", flush=True)
   summary = pretrain(FLAGS.config, str(pretrain_dir))
   summary["tokens_per_step"] = FLAGS.config.data.batch_size * FLAGS.config.data.max_length
+  t_pretrained = time.time()
   finetuned = run_finetuning(FLAGS.tasks, FLAGS.inits, pretrain_dir, workdir, FLAGS.seeds,
                              FLAGS.finetune_workers)
   curve = learning_curve(pretrain_dir)
@@ -280,7 +281,9 @@ def main(argv):
                                          for t, d in finetuned.items()}},
       indent=1, default=float) + "\n")
   print("\n" + text, flush=True)
-  print(f"demo finished in {(time.time() - t0) / 60:.1f} min; {workdir / 'results.md'}")
+  print(f"demo finished in {(time.time() - t0) / 60:.1f} min (pre-training "
+        f"{(t_pretrained - t0) / 60:.1f}, fine-tuning {(time.time() - t_pretrained) / 60:.1f}); "
+        f"{workdir / 'results.md'}")
 
 
 if __name__ == "__main__":

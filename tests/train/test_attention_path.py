@@ -132,8 +132,10 @@ def _one_step(attention_impl):
 def test_fused_and_explicit_train_steps_agree():
   """XLA's jax.nn.dot_product_attention vs the explicit einsum path in one training step
   (fp32, hidden dropout 0.1 with the same masks, ALiBi, packed rows with padding): loss to
-  1e-6 relative, every gradient entry to 1e-5 relative + 1e-9 absolute (measured: equal loss,
-  gradients within 4e-12)."""
+  1e-6 relative, every gradient entry to 1e-4 relative + 1e-6 of the largest gradient absolute.
+  Measured: equal loss; gradients within 4e-12 on an Intel AVX-512 host, within 1.2e-7 (1.1e-5
+  relative, fp32 summation order) on an AMD AVX2 host. A wrong mask or bias moves entries by
+  1e-3 and more."""
   m_fused, g_fused = _one_step("xla")
   m_explicit, g_explicit = _one_step("explicit")
   assert np.isfinite(m_fused["loss"]) and m_fused["loss"] > 1.0
@@ -141,6 +143,7 @@ def test_fused_and_explicit_train_steps_agree():
   np.testing.assert_allclose(m_fused["grad_norm"], m_explicit["grad_norm"], rtol=1e-5)
   leaves_f, leaves_e = jax.tree.leaves(g_fused), jax.tree.leaves(g_explicit)
   assert len(leaves_f) == len(leaves_e) > 10
-  assert max(np.abs(g).max() for g in leaves_f) > 1e-3  # the gradients are not all ~0
+  scale = max(np.abs(g).max() for g in leaves_f)
+  assert scale > 1e-3  # the gradients are not all ~0
   for gf, ge in zip(leaves_f, leaves_e):
-    np.testing.assert_allclose(gf, ge, rtol=1e-5, atol=1e-9)
+    np.testing.assert_allclose(gf, ge, rtol=1e-4, atol=1e-6 * scale)
