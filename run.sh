@@ -24,7 +24,7 @@ ensure_venv() {  # $1: pip extras ("" or "[test]")
 
 case "$what" in
   demo)
-    # Pre-train the demo recipe (~10 min on 2 cores), fine-tune its checkpoint, a random init of
+    # Pre-train the demo recipe (~8 min on 2 cores), fine-tune its checkpoint, a random init of
     # its shape and all-MiniLM-L6-v2 on both demo tasks (3 seeds each), print the comparison.
     # Re-running resumes / reuses what runs/demo holds. Extra flags go to encoder_jax.demo,
     # e.g. --config.train.steps=3000 or --seeds=5.
