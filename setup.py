@@ -55,6 +55,7 @@ setup(
     # works from any directory once installed (no sys.path edits).
     packages=find_packages(include=["encoder_jax", "encoder_jax.*", "configs", "experiments",
                                     "bench"]),
+    package_data={"encoder_jax.data": ["vocabs/*.txt"]},  # the committed demo vocab
     install_requires=INSTALL_REQUIRES,
     extras_require={"test": TEST_REQUIRES},
     entry_points={"console_scripts": ["encoder-jax=encoder_jax.main:run"]},

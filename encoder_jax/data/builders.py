@@ -86,10 +86,25 @@ def resolve_vocab(vocab: str, cache_dir=None) -> str:
   return vocab
 
 
+# The demo vocab, committed: HF tokenizers' WordPiece trainer (0.23.3) is not deterministic.
+# It numbers continuing-subword tokens in hash-map order (a seed drawn per process) and breaks
+# ties between equally frequent merges by those numbers (huggingface/tokenizers issue #1794,
+# fix proposed in PR #2066), so two fresh caches got vocabs 15 entries apart and the same
+# demo run then trained differently (held-out accuracy 29.9% vs 29.4% after 15,000 steps).
+# This file is the output of `tokenizer.train_vocab` on the demo corpus's train documents
+# (size 8,192, tokenizers 0.23.3): every machine now trains on the same ids.
+DEMO_VOCAB_FILE = pathlib.Path(__file__).resolve().parent / "vocabs" / "demo-wordpiece-8192.txt"
+DEMO_VOCAB_SHA256 = "0fad335073f75d74dae08300fe6bb8efca6b524cb2010426583c577a9f258b5b"
+
+
 def demo_vocab(size: int = DEMO_VOCAB_SIZE, cache_dir=None) -> pathlib.Path:
   """A WordPiece vocab of `size` tokens trained on the demo corpus's train documents (the
-  validation documents and the Brown POS dev/test documents are left out), built once per
-  cache (~10 s) under a file lock and renamed into place.
+  validation documents and the Brown POS dev/test documents are left out).
+
+  Size 8,192 (the demo recipe's) is the committed `DEMO_VOCAB_FILE`: the trainer is not
+  deterministic (above). Any other size is trained once per cache (~10 s) under a file lock
+  and renamed into place; a second cache may then hold a slightly different vocab, and the
+  corpus cache is keyed by the vocab's hash, so the two never mix.
 
   Why a corpus vocab for the demo: with BERT's 30,522 ids a tiny model sees too few masked
   targets per entry in minutes of training, and most of its step is the vocabulary projection;
@@ -97,6 +112,8 @@ def demo_vocab(size: int = DEMO_VOCAB_SIZE, cache_dir=None) -> pathlib.Path:
   16,384; BabyBERTa 8,192). The name carries the tokenizers version: another trainer version
   may pick other merges, and the corpus cache is keyed by the vocab's hash anyway.
   """
+  if size == DEMO_VOCAB_SIZE:
+    return DEMO_VOCAB_FILE
   import tokenizers as hf_tokenizers  # pylint: disable=g-import-not-at-top
   path = (fetch.cache_root(cache_dir) / "vocab" /
           f"demo-wordpiece-{size}-tokenizers{hf_tokenizers.__version__}.txt")

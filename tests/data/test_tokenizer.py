@@ -119,6 +119,24 @@ def test_resolve_vocab_names(tmp_path):
     resolve_vocab(str(tmp_path / "nope.txt"))
 
 
+def test_the_demo_vocab_is_the_committed_file_on_every_machine(tmp_path):
+  """The demo recipe's vocab never comes from the (non-deterministic) trainer: `demo` and
+  `demo:8192` resolve to the committed file whatever the cache, with its recorded sha256, and
+  nothing is trained or written into the cache."""
+  import hashlib
+  from encoder_jax.data import builders
+  for name in ("demo", "demo:8192"):
+    path = builders.resolve_vocab(name, cache_dir=tmp_path)
+    assert path == str(builders.DEMO_VOCAB_FILE)
+  data = builders.DEMO_VOCAB_FILE.read_bytes()
+  assert hashlib.sha256(data).hexdigest() == builders.DEMO_VOCAB_SHA256
+  lines = data.decode().splitlines()
+  assert len(lines) == len(set(lines)) == builders.DEMO_VOCAB_SIZE
+  assert lines[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+  assert lines[5:] == sorted(lines[5:])
+  assert not (tmp_path / "vocab").exists()
+
+
 @pytest.mark.parity
 def test_tagging_first_subtoken_labels(tok, hf):
   words = [["Call", "me", "Ishmael", "."], ["Unbelievably", "tokenizable", "words"] * 10]
