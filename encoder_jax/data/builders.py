@@ -89,8 +89,10 @@ def resolve_vocab(vocab: str, cache_dir=None) -> str:
 # The demo vocab, committed: HF tokenizers' WordPiece trainer (0.23.3) is not deterministic.
 # It numbers continuing-subword tokens in hash-map order (a seed drawn per process) and breaks
 # ties between equally frequent merges by those numbers (huggingface/tokenizers issue #1794,
-# fix proposed in PR #2066), so two fresh caches got vocabs 15 entries apart and the same
-# demo run then trained differently (held-out accuracy 29.9% vs 29.4% after 15,000 steps).
+# fix proposed in PR #2066): trained twice on the same documents, 16 of 8,192 entries
+# differed, and the same demo run on two fresh caches differed from the first steps (loss
+# 7.631 vs 7.625 at step 100, held-out accuracy 29.9% vs 29.4% after 15,000 steps) where two
+# runs on one cache agree exactly.
 # This file is the output of `tokenizer.train_vocab` on the demo corpus's train documents
 # (size 8,192, tokenizers 0.23.3): every machine now trains on the same ids.
 DEMO_VOCAB_FILE = pathlib.Path(__file__).resolve().parent / "vocabs" / "demo-wordpiece-8192.txt"
