@@ -30,6 +30,11 @@ from experiments.grid import Grid, Point
 # A point whose held-out loss at [MASK] inputs ends less than this many nats below the unigram
 # baseline on the same positions never learned context: "stalled" (encoder_jax.train.step).
 STALL_GAP = 0.1
+# A replaced-token detector's plateau is its prior: predicting the replaced share p everywhere
+# costs the binary entropy H(p) a token. One that ends above this fraction of H(p) on held-out
+# rows learned (almost) nothing from context: "stalled". 5% of H(p) at p ~0.16 is ~0.022 nats a
+# token, about as much information per row (x 64 tokens) as STALL_GAP over MLM's ~13 targets.
+RTD_STALL_RATIO = 0.95
 
 SCORE_KEYS = ("test/accuracy", "test/score", "validation/accuracy", "validation/score",
               "validation_matched/accuracy", "validation_matched/score")
@@ -107,9 +112,14 @@ def collect(grid: Grid, workdir, points: Sequence[Point] | None = None) -> list[
       row["eval_at_mask_accuracy"] = final_eval[f"{pred}_at_mask_accuracy"]
       row["unigram_at_mask_accuracy"] = final_eval["unigram_at_mask_accuracy"]
       row["gap_at_mask"] = final_eval["unigram_at_mask_loss"] - final_eval[f"{pred}_at_mask_loss"]
+    rtd = "disc_loss" in final_eval and "disc_replaced_frac" in final_eval
+    if rtd:  # ELECTRA, ELECTRA-15%: the discriminator against its prior
+      row["disc_vs_prior"] = final_eval["disc_loss"] / binary_entropy(
+          final_eval["disc_replaced_frac"])
     if row["status"] == "done" and (
         (grid.stall_loss is not None and not row["final_eval_curve"] < grid.stall_loss)
-        or row.get("gap_at_mask", math.inf) < STALL_GAP):
+        or (row.get("disc_vs_prior", 0.0) > RTD_STALL_RATIO if rtd
+            else row.get("gap_at_mask", math.inf) < STALL_GAP)):
       row["status"] = "stalled"
     row["wall_s"] = summary.get("total_wall_s", math.nan)
     for job in point.finetune:
@@ -124,6 +134,13 @@ def collect(grid: Grid, workdir, points: Sequence[Point] | None = None) -> list[
       row[f"_{name}_scores"] = vals  # for the table over pre-training seeds (not in the CSV)
     out.append(row)
   return out
+
+
+def binary_entropy(p: float) -> float:
+  """H(p) in nats: the loss of a detector that predicts the base rate p everywhere."""
+  if not 0 < p < 1:
+    return math.nan
+  return -(p * math.log(p) + (1 - p) * math.log(1 - p))
 
 
 def write_csv(rows: list[dict], path: pathlib.Path) -> None:
@@ -154,7 +171,7 @@ def markdown(grid: Grid, rows: list[dict]) -> str:
   extra = [k for k in ("eval_mlm_accuracy", "eval_gen_accuracy", "eval_main_accuracy",
                        "eval_disc_accuracy", "eval_disc_precision", "eval_disc_recall",
                        "eval_nsp_accuracy", "eval_at_mask_accuracy", "unigram_at_mask_accuracy",
-                       "gap_at_mask") if any(k in r for r in rows)]
+                       "gap_at_mask", "disc_vs_prior") if any(k in r for r in rows)]
   head += [_COLUMN.get(k, k.replace("eval_", "eval ").replace("_", " ")) for k in extra]
   for t in tasks:
     metric = next((r[f"{t}_metric"] for r in rows if r.get(f"{t}_metric")), "score")
@@ -175,7 +192,10 @@ def markdown(grid: Grid, rows: list[dict]) -> str:
     lines += ["", *seed_table(grid, rows, tasks)]
   lines += ["", f"At [MASK]: held-out scores at the targets whose input was [MASK] (the MLM "
             "head, or ELECTRA's generator), against the unigram baseline on the same positions; "
-            f"a point less than {STALL_GAP} nats below it never left the plateau (\"stalled\")."]
+            f"a point less than {STALL_GAP} nats below it never left the plateau (\"stalled\"). "
+            "ELECTRA and ELECTRA-15% are judged by their discriminator instead: its held-out "
+            "loss over the binary entropy of its replaced share (the loss of predicting the "
+            f"base rate); above {RTD_STALL_RATIO} it stalled."]
   lines += ["", f"Loss columns: {', '.join(keys) or '–'} (the curve each point logs: mlm_loss "
             "for MLM, the discriminator's main_loss for Replace-MLM, the generator's gen_loss "
             "for ELECTRA; RTD losses are not on the MLM scale). Downstream: median over "
@@ -185,7 +205,8 @@ def markdown(grid: Grid, rows: list[dict]) -> str:
 
 _COLUMN = {"eval_at_mask_accuracy": "eval acc at [MASK]",
            "unigram_at_mask_accuracy": "unigram acc at [MASK]",
-           "gap_at_mask": "nats below unigram at [MASK]"}
+           "gap_at_mask": "nats below unigram at [MASK]",
+           "disc_vs_prior": "disc loss / prior entropy"}
 
 
 def _spread(vals: list[float]) -> str:
@@ -203,7 +224,9 @@ def seed_table(grid: Grid, rows: list[dict], tasks: list[str]) -> list[str]:
   arms: dict[tuple, list[dict]] = {}
   for r in rows:
     arms.setdefault(tuple(r[a] for a in axes), []).append(r)
+  rtd = any("disc_vs_prior" in r for r in rows)
   head = axes + ["pre-training seeds", "eval acc at [MASK]", "nats below unigram at [MASK]"]
+  head += ["disc loss / prior entropy"] if rtd else []
   head += [f"{t} (all seeds pooled: median [min, max], n)" for t in tasks]
   lines = ["#### Over pre-training seeds", "", "| " + " | ".join(head) + " |",
            "|" + "---|" * len(head)]
@@ -212,6 +235,8 @@ def seed_table(grid: Grid, rows: list[dict], tasks: list[str]) -> list[str]:
         f"{len(group)} ({', '.join(str(r['status']) for r in group)})",
         _spread([r.get("eval_at_mask_accuracy", math.nan) for r in group]),
         _spread([r.get("gap_at_mask", math.nan) for r in group])]
+    if rtd:
+      cells.append(_spread([r.get("disc_vs_prior", math.nan) for r in group]))
     for t in tasks:
       pooled = [v for r in group for v in r.get(f"_{t}_scores", [])]
       cells.append(f"{_spread(pooled)}, {len(pooled)}" if pooled else "–")

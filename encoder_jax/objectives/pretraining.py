@@ -156,7 +156,7 @@ def _electra_loss(model: ElectraModel, masked, ctx, obj: ObjectiveConfig, k_samp
                                    masked.positions_BxP)
   gen_loss, metrics = mlm_loss(gen_logits_BxPxV, masked.labels_BxP, masked.weights_BxP,
                                prefix="gen")
-  sampled_BxP = electra_obj.gumbel_sample(k_sample, gen_logits_BxPxV, obj.temperature)
+  sampled_BxP = electra_obj.sample_tokens(k_sample, gen_logits_BxPxV, obj.temperature)
   inputs = electra_obj.electra_inputs(masked, sampled_BxP)
   disc_out = model.discriminator(inputs.ids_BxT, dropout_rng=fold(1), **ctx)
   h_BxTxD = disc_out.hidden_BxTxD

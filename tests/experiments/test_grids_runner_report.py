@@ -291,6 +291,32 @@ def test_report_marks_points_at_the_unigram_baseline_and_pools_pretraining_seeds
   assert "| mlm | 2 (done, stalled) |" in md and "0.6500 [0.6000, 0.7000], 4" in md
 
 
+def test_electra_points_are_judged_by_the_discriminator_against_its_prior(tmp_path):
+  """An RTD point stalls when its discriminator ends near the binary entropy of the replaced
+  share, whatever its generator does (a 1/4-width generator may stay near unigram)."""
+  grid = Grid("g", "rtd", expand(
+      {"objective": ["electra"], "seed": [0, 1]},
+      lambda v: PointSpec("size=tiny,objective=electra", {"train.steps": 8, "seed": v["seed"]},
+                          ())))
+  runner.run_grid(grid, tmp_path, execute=FakeExecutor(), echo=lambda s: None)
+  prior = report.binary_entropy(0.16)
+  assert prior == pytest.approx(0.43967, abs=1e-5)  # -(0.16 ln 0.16 + 0.84 ln 0.84)
+  # seed 0: discriminator 0.85 of its prior, generator on the plateau (0.02 nats): learned.
+  # seed 1: discriminator 0.98 of its prior, generator well off the plateau: stalled.
+  for seed, ratio, gap in ((0, 0.85, 0.02), (1, 0.98, 0.6)):
+    path = tmp_path / f"objective=electra,seed={seed}" / "pretrain" / "summary.json"
+    summary = json.loads(path.read_text())
+    summary["final_eval"] |= dict(disc_loss=ratio * prior, disc_replaced_frac=0.16,
+                                  gen_at_mask_loss=6.0, gen_at_mask_accuracy=0.1,
+                                  unigram_at_mask_loss=6.0 + gap, unigram_at_mask_accuracy=0.05)
+    path.write_text(json.dumps(summary))
+  rows = report.collect(grid, tmp_path)
+  assert [r["status"] for r in rows] == ["done", "stalled"]
+  assert rows[0]["disc_vs_prior"] == pytest.approx(0.85)
+  md = report.markdown(grid, rows)
+  assert "disc loss / prior entropy" in md and "0.9150 [0.8500, 0.9800]" in md
+
+
 def test_stall_threshold_marks_runs_that_never_left_the_plateau(tmp_path):
   g = _tiny_grid(finetune=())
   g = Grid(g.name, g.title, g.points, stall_loss=7.0)  # the fake eval loss is 7.1
