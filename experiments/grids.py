@@ -149,7 +149,7 @@ def electra_vs_mlm(scale: str = "demo", data_source: str = "") -> Grid:
     # The main job's recipe as it is (rows of 64 in batches of 16) and its fine-tuning; the
     # budget is 8,000 MLM steps (8.2M tokens, ~4 min of MLM on 2 cores). A 2,000-step budget
     # (the first run of this grid) ended every RTD discriminator at its prior: ELECTRA alone
-    # on this recipe is at 0.98 / 0.94 / 0.92 / 0.90 of its prior's entropy after 1.5k / 3k /
+    # on this recipe is at 0.96 / 0.94 / 0.92 / 0.90 of its prior's entropy after 1.5k / 3k /
     # 4.5k / 7.5k steps (recall 0.001 -> 0.05; 2026-12-03), so a discriminator needs several
     # million tokens here before it reads context at all. ELECTRA's generator is 1/4 of the
     # discriminator's width (the repo default; its heads keep the discriminator's head width),
