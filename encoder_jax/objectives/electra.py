@@ -105,19 +105,28 @@ def sample_tokens(key: jax.Array, logits_BxPxV: jax.Array, temperature: float | 
   if isinstance(temperature, (int, float)) and not temperature > 0:
     raise ValueError(f"temperature={temperature} must be > 0 (ELECTRA uses 1.0).")
   logits_BxPxV = jax.lax.stop_gradient(logits_BxPxV).astype(jnp.float32) / temperature
-  V = logits_BxPxV.shape[-1]
   if disallow_BxP is not None:
-    vocab_1x1xV = jnp.arange(V, dtype=jnp.int32)[None, None, :]
+    vocab_1x1xV = jnp.arange(logits_BxPxV.shape[-1], dtype=jnp.int32)[None, None, :]
     logits_BxPxV = jnp.where(vocab_1x1xV == disallow_BxP[..., None], -jnp.inf, logits_BxPxV)
   probs_BxPxV = jax.nn.softmax(logits_BxPxV, axis=-1)
   cdf_BxPxV = jnp.cumsum(probs_BxPxV, axis=-1)
   u_BxPx1 = jax.random.uniform(key, logits_BxPxV.shape[:-1] + (1,), jnp.float32)
-  # The first id whose CDF exceeds u * total (the total is 1 up to rounding).
-  index_BxP = jnp.minimum(jnp.sum(cdf_BxPxV <= u_BxPx1 * cdf_BxPxV[..., -1:], axis=-1), V - 1)
-  # u * total can round up to the total (~2^-24 of draws): the count then ends on a trailing
-  # zero-probability id; take the most likely id instead of one that can never be drawn.
+  return locate_in_cdf(probs_BxPxV, cdf_BxPxV, u_BxPx1 * cdf_BxPxV[..., -1:])
+
+
+def locate_in_cdf(probs_BxPxV: jax.Array, cdf_BxPxV: jax.Array,
+                  threshold_BxPx1: jax.Array) -> jax.Array:
+  """The id whose CDF step holds `threshold` (< the CDF's last entry): the count of entries
+  <= threshold, which is at most V - 1 because fl(u * total) < total for u < 1.
+
+  XLA:CPU computes the cumulative sum as a parallel scan, so neighbouring entries are rounded
+  differently and a zero-probability id can get a CDF step of ~1 ulp (0.75% of the zero ids of
+  random 8,192-wide rows, measured 2026-12-03). Such an id (a disallowed one, or -inf logits)
+  must never be drawn: the most likely id is taken instead (a ~1e-7 chance per such id).
+  """
+  index_BxP = jnp.sum(cdf_BxPxV <= threshold_BxPx1, axis=-1)
   p_BxP = jnp.take_along_axis(probs_BxPxV, index_BxP[..., None], axis=-1)[..., 0]
-  index_BxP = jnp.where(p_BxP > 0, index_BxP, jnp.argmax(logits_BxPxV, axis=-1))
+  index_BxP = jnp.where(p_BxP > 0, index_BxP, jnp.argmax(probs_BxPxV, axis=-1))
   return index_BxP.astype(jnp.int32)
 
 

@@ -51,6 +51,20 @@ def test_sample_tokens_follows_softmax_and_temperature():
     electra.sample_tokens(jax.random.key(0), logits_BxPxV, temperature=0.0)
 
 
+def test_cdf_search_never_lands_on_a_zero_probability_id():
+  """A parallel-scan cumulative sum can give a zero-probability id a CDF step of one ulp; the
+  search must then fall back to the most likely id, not draw the impossible one."""
+  probs = np.array([[[0.25, 0.0, 0.75]]], np.float32)
+  ulp = np.spacing(np.float32(0.25))
+  cdf = np.array([[[0.25, 0.25 + ulp, 1.0]]], np.float32)  # id 1 rounded up by one ulp
+  locate = jax.jit(electra.locate_in_cdf)
+  assert int(locate(probs, cdf, np.array([[[0.25]]], np.float32))[0, 0]) == 2  # not id 1
+  assert int(locate(probs, cdf, np.array([[[0.1]]], np.float32))[0, 0]) == 0
+  assert int(locate(probs, cdf, np.array([[[0.9]]], np.float32))[0, 0]) == 2
+  assert int(locate(probs, np.array([[[0.25, 0.25, 1.0]]], np.float32),
+                    np.array([[[0.25]]], np.float32))[0, 0]) == 2  # a monotone CDF skips it too
+
+
 def test_inputs_place_samples_and_label_unchanged_samples_original():
   original, masked = hand_masked()
   # Row 0: slot 0 samples the original (10) -> "original"; slot 1 replaces 12 by 99.
