@@ -97,7 +97,7 @@ def sample_tokens(key: jax.Array, logits_BxPxV: jax.Array, temperature: float | 
   same distribution but draws V random numbers per row; with threefry on XLA:CPU that was 46 ms
   of a ~68 ms demo ELECTRA step (16 x 13 rows x 8,192 ids: 1.7M draws); the cumulative sum
   costs ~7 ms of the gradient step (demo ELECTRA 15.6k -> 20k tokens/s, 2026-12-03).
-  Zero-probability ids are never drawn (their CDF step is empty); fp32 rounding of the
+  Zero-probability ids are never drawn (`locate_in_cdf`); fp32 rounding of the
   cumulative sum moves probabilities by ~1e-7 absolute at most, far below sampling noise.
   The logits are stop-gradient'ed (no gradient through sampling, as ELECTRA). `disallow_BxP`
   (e.g. the original ids: the repo's `disallow_correct`) can never be sampled.
