@@ -22,9 +22,12 @@ from absl import app, flags
 
 from bench import systems
 from configs import pretrain as pretrain_config
+from encoder_jax.train.loop import resolve_layers
 
-# The remat policy users train with (configs/pretrain.py), read rather than restated.
-_CONFIG_REMAT = pretrain_config.model_config("base", "post").remat_policy
+# The remat policy users train scanned layers with (configs/pretrain.py's "auto" as the trainer
+# resolves it for scanned layers), read rather than restated. On CPU the pre-training default
+# is the "unrolled" row (unrolled layers, no remat).
+_CONFIG_REMAT = resolve_layers(True, pretrain_config.model_config("base", "post").remat_policy)[1]
 
 _SIZES = flags.DEFINE_list("sizes", ["mini", "base"], "Model sizes (encoder_jax SIZES keys).")
 _BATCH = flags.DEFINE_list("batch_sizes", ["32", "8"], "Batch size per size (same order).")
@@ -37,10 +40,10 @@ _HF = flags.DEFINE_bool("hf", True, "Time the HF torch peer (the ratio needs it)
 _THREADS = flags.DEFINE_integer("threads", 2, "torch.set_num_threads for the HF peer.")
 _LAYERS = flags.DEFINE_list(
     "layers", ["scan", "unrolled"], "Our MLM+NSP step, a row each: scan = the pre-training "
-    "config (nnx.scan over stacked blocks with --remat_policy; ~11 s BERT-base compile) and/or "
-    "unrolled = the CPU-throughput setting the README recommends (model.scan_layers=False, no "
-    "remat: no [L, ...] residual/gradient stacks to copy; ~20 s compile). ELECTRA and --variant "
-    "rows use the scan setting.")
+    "config's layout on TPU/GPU (nnx.scan over stacked blocks with --remat_policy; ~11 s "
+    "BERT-base compile) and/or unrolled = its layout on CPU (model.scan_layers=auto resolves "
+    "to False there, no remat: no [L, ...] residual/gradient stacks to copy; ~20 s compile). "
+    "ELECTRA and --variant rows use the scan setting.")
 _REMAT = flags.DEFINE_enum("remat_policy", _CONFIG_REMAT, ["none", "full", "dots", "dots_no_batch"],
                            "Rematerialisation policy per block of the scan row (default: the "
                            "pre-training config's).")

@@ -82,7 +82,18 @@ def model_config(size: str, norm: str) -> ml_collections.ConfigDict:
   # step: the scanned CPU step got 2-15% faster (mini, base), the BERT-base compile ~1 s shorter
   # (README "Performance"), and activation memory shrinks. Numerics are unchanged
   # (tests/model/test_invariants.py::test_remat_policies_give_same_gradients).
-  fields = ModelConfig(**SIZES[size], norm_first=(norm == "pre"), remat_policy="dots").to_dict()
+  #
+  # Both "auto": the trainer picks by the backend it runs on (train/loop.py resolve_layers):
+  # scanned layers with `dots` remat on TPU/GPU (one compiled block: compile time and program
+  # size do not grow with depth, and HBM bandwidth makes the [L, ...] stacks cheap); unrolled
+  # layers without remat on CPU, where those stacks are copies the step waits for. Quiet 2-core
+  # Intel AMX host (bench/README.md, 2026-12-03), tokens/s against HF torch in the same run:
+  # fp32 mini 32x128 1.71x unrolled vs 1.65x scanned, BERT-base 8x128 1.02x vs 0.95x; with bf16
+  # matmuls 2.81x vs 2.57x and 1.24x vs 0.73x. The cost: BERT-base's step compiles in ~20 s
+  # instead of ~11 s. Either can be forced: --config.model.scan_layers=True|False,
+  # --config.model.remat_policy=none|full|dots|dots_no_batch.
+  fields = ModelConfig(**SIZES[size], norm_first=(norm == "pre")).to_dict()
+  fields.update(scan_layers="auto", remat_policy="auto")
   fields["embedding_size"] = fields["embedding_size"] or 0  # ConfigDict leaves need a type
   return ml_collections.ConfigDict(fields)
 
@@ -250,9 +261,10 @@ def runlocal(config: ml_collections.ConfigDict) -> None:
       AVX-512 BF16 / AMX (encoder_jax.model.matmul), fp32 elsewhere: the step takes 0.70x the
       fp32 step's time (14.5k vs 10.5k tokens/s in the same run), the same losses to 3
       decimals after 300 steps (6.606 vs 6.606).
-    * remat "full" on scanned layers: 0.89-0.91x the time of "dots" (which stacks the
-      attention logits of every layer in zero-filled buffers), 0.92x of unrolled layers (on
-      the Intel host; at rows of 64 on AMD hosts "full" and "dots" take the same time).
+    * remat "full" on scanned layers (on every platform, unlike the `auto` default): 0.89-0.91x
+      the time of "dots" (which stacks the attention logits of every layer in zero-filled
+      buffers), 0.92x of unrolled layers (on the Intel host; at rows of 64 on AMD hosts "full"
+      and "dots" take the same time).
   Measured on an Intel host with AMX (rows 8 x 128, fine-tuning lr 1e-3), 10,000 steps (10.2M
   tokens) with the schedule over all of them, 2 quiet cores:
   held-out accuracy 19.0 / 21.7 / 23.3 / 24.6 / 25.4% after 2 / 4 / 6 / 8 / 10k steps, in
@@ -278,14 +290,17 @@ def runlocal(config: ml_collections.ConfigDict) -> None:
   Intel host with AMX (fresh clone, 2026-12-03): 29.4% in 8.2 min at 32-35k tokens/s, POS
   0.931 vs 0.887, but sentiment 0.708 [0.703, 0.721] vs random init 0.696 [0.690, 0.706]:
   the same pre-training to 3 digits, fine-tuning numerics that differ by host, and a
-  sentiment gain about the size of the seed spread. On a 2-core Zen 3 without AVX-512 (fp32, 7.4k
+  sentiment gain about the size of the seed spread. With sentiment fine-tuned on 4,000
+  snippets (configs/finetune.py demo(); fresh clone, same host, 2026-12-03): 29.4% in 8.0 min,
+  sentiment 0.732 [0.723, 0.734] vs random init 0.714 [0.713, 0.719], POS 0.931 vs 0.887;
+  12.9 min in all. On a 2-core Zen 3 without AVX-512 (fp32, 7.4k
   tokens/s) the 10,000 steps took 24 min: the budget holds only where bf16 dots run.
   `python -m encoder_jax.demo --curve_of=<workdir>/pretrain` plots a run's curve.
   """
   if config.model.hidden_size % 8 == 0:
     config.model.num_heads = max(config.model.num_heads, 8)
   config.model.update(dict(position_bias="alibi", position_init="sinusoidal",
-                           remat_policy="full"))
+                           scan_layers="True", remat_policy="full"))
   config.data.update(dict(vocab="demo", max_length=64, batch_size=16))
   config.objective.mask_rate = 0.2
   config.optim.update(dict(learning_rate=2e-3, b2=0.98, warmup_steps=100))

@@ -343,5 +343,7 @@ class Checkpointer:
           f"checkpoint {step} in {self.directory} does not restore into this run's state "
           f"({_cause(e)}). Its files are intact, so the config most likely changed (model "
           "size, optimizer, objective): resume with the config in config.json, or start a "
-          "new workdir.") from e
+          "new workdir. Moved between CPU and TPU/GPU? model.scan_layers=auto picks unrolled "
+          "layers on CPU and scanned ones elsewhere: give the run's own "
+          "(--config.model.scan_layers=True|False).") from e
     return out["state"], out["data"], out["meta"]

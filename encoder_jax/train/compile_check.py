@@ -40,17 +40,21 @@ flags.DEFINE_integer("fake_devices", 8, "Fake CPU devices to create (0: use the 
 flags.DEFINE_string("tpu_topology", None, "Compile for an abstract TPU topology, e.g. "
                     "v4:2x2x1 (needs jax[tpu] / libtpu).")
 flags.DEFINE_bool("table", False, "Also print the sharding of every parameter.")
+flags.DEFINE_enum("platform", "tpu", ["tpu", "gpu", "cpu"], "The platform the checked run will "
+                  "train on: model.scan_layers/remat_policy=auto take its layout (tpu, gpu: "
+                  "scanned layers with dots remat; cpu: unrolled, no remat; configs/pretrain.py).")
 
 
-def compile_train_step(config, devices=None):
-  """Lowers + compiles the trainer's sharded train step for `config` from abstract values.
+def compile_train_step(config, devices=None, platform: str | None = None):
+  """Lowers + compiles the trainer's sharded train step for `config` from abstract values, with
+  the layer layout of `platform` (default: the devices' own) where config.model says "auto".
   Returns (compiled, setup, state_shardings, abstract_state, mesh, seconds)."""
   import jax
 
   from encoder_jax.data import pipeline
   from encoder_jax.train import loop, sharding, step as step_lib
 
-  s = loop.build(config)
+  s = loop.build(config, platform)
   if devices is None:
     mesh = sharding.mesh_from_config(config.get("mesh", "auto"))
   else:
@@ -84,13 +88,15 @@ def main(argv):
                                            topology_name=FLAGS.tpu_topology).devices
   from encoder_jax.train import sharding as sh
   config = FLAGS.config
-  compiled, s, shardings, abstract, mesh, secs = compile_train_step(config, devices)
+  compiled, s, shardings, abstract, mesh, secs = compile_train_step(config, devices,
+                                                                    FLAGS.platform)
   mem = compiled.memory_analysis()
   gib = lambda b: f"{b / 2**30:.3f} GiB"
   dims = dict(mesh.shape)
   print(f"{config.size} {s.obj.objective} ({s.obj.sentence_task}) batch "
-        f"{config.data.batch_size}x{config.data.max_length} dtype {s.model_cfg.dtype} remat "
-        f"{s.model_cfg.remat_policy} mesh(data,fsdp,tensor)=({dims['data']},{dims['fsdp']},"
+        f"{config.data.batch_size}x{config.data.max_length} dtype {s.model_cfg.dtype} "
+        f"{'scanned' if s.model_cfg.scan_layers else 'unrolled'} layers ({FLAGS.platform}'s), "
+        f"remat {s.model_cfg.remat_policy} mesh(data,fsdp,tensor)=({dims['data']},{dims['fsdp']},"
         f"{dims['tensor']}) on {mesh.devices.size} {mesh.devices.flat[0].platform} devices: "
         f"compiled in {secs:.1f}s")
   if mem is not None:

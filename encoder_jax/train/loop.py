@@ -124,9 +124,54 @@ def check_train_config(config: ml_collections.ConfigDict) -> None:
 # ------------------------------------------------------------------ config -> static pieces
 
 
-def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> ModelConfig:
-  """The frozen ModelConfig of `config.model`, with the tokenizer's vocabulary size."""
+def resolve_layers(scan_layers: bool | str, remat_policy: str,
+                   backend: str | None = None) -> tuple[bool, str]:
+  """`model.scan_layers` and `model.remat_policy` as ModelConfig takes them, for `backend`
+  (default: JAX's). "auto" (configs/pretrain.py, where the measurements are): scanned layers
+  on TPU/GPU, unrolled on CPU; remat "dots" for scanned layers, "none" for unrolled ones.
+  scan_layers may also be a bool or the strings a command line gives ("True", "false", "1")."""
+  if isinstance(scan_layers, str):
+    text = scan_layers.strip().lower()
+    choices = {"true": True, "1": True, "false": False, "0": False}
+    if text == "auto":
+      scan_layers = (backend or jax.default_backend()) != "cpu"
+    elif text in choices:
+      scan_layers = choices[text]
+    else:
+      raise ConfigError(f"model.scan_layers={scan_layers!r}; use auto, True or False.")
+  if remat_policy == "auto":
+    remat_policy = "dots" if scan_layers else "none"
+  return bool(scan_layers), remat_policy
+
+
+def settle_layers(config: ml_collections.ConfigDict, workdir=None,
+                  backend: str | None = None) -> None:
+  """Writes what "auto" resolves to (`resolve_layers`) into config.model.scan_layers and
+  remat_policy, so the run's config.json records the layout its checkpoints have. A run that
+  resumes in `workdir` keeps the layout recorded there (a run started on a TPU and resumed on
+  a CPU must restore the same parameter structure); a new run takes its platform's."""
+  m = config.model
+  if str(m.scan_layers).strip().lower() == "auto" and workdir is not None:
+    record = epath.Path(workdir) / CONFIG_FILE
+    if record.exists():
+      try:
+        old = json.loads(record.read_text()).get("model", {}).get("scan_layers", "auto")
+      except (ValueError, AttributeError):
+        old = "auto"
+      if str(old).strip().lower() != "auto":
+        m.scan_layers = str(old) if isinstance(m.scan_layers, str) else bool(old)
+  scan, remat = resolve_layers(m.scan_layers, m.remat_policy, backend)
+  m.scan_layers = str(scan) if isinstance(m.scan_layers, str) else scan
+  m.remat_policy = remat
+
+
+def model_config(config: ml_collections.ConfigDict, vocab_size: int,
+                 backend: str | None = None) -> ModelConfig:
+  """The frozen ModelConfig of `config.model`, with the tokenizer's vocabulary size and the
+  layer layout resolved for `backend` (`resolve_layers`)."""
   d = config.model.to_dict()
+  d["scan_layers"], d["remat_policy"] = resolve_layers(d["scan_layers"], d["remat_policy"],
+                                                       backend)
   d["embedding_size"] = d.get("embedding_size") or None  # 0 in the ConfigDict means "= d"
   if d.get("vocab_size", vocab_size) != vocab_size:
     logging.info("model.vocab_size=%s replaced by the tokenizer's %d", d["vocab_size"],
@@ -215,11 +260,13 @@ class Setup:
   planned_stop: str  # ... because of "steps" or "flops_budget"
 
 
-def build(config: ml_collections.ConfigDict) -> Setup:
+def build(config: ml_collections.ConfigDict, backend: str | None = None) -> Setup:
+  """The run's static pieces; `backend` (default JAX's) is the platform whose layer layout an
+  unsettled "auto" in config.model takes (`resolve_layers`)."""
   check_train_config(config)
   # The same (cached) tokenizer the loaders use: WordPieceTokenizer.load builds it once.
   tok = WordPieceTokenizer.load(resolve_vocab(config.data.vocab, config.data.cache_dir or None))
-  model_cfg = model_config(config, tok.vocab_size)
+  model_cfg = model_config(config, tok.vocab_size, backend)
   obj = objective_config(config, tok)
   gen_cfg = obj.generator_config(model_cfg)
   B, T = config.data.batch_size, config.data.max_length
@@ -332,6 +379,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   workdir = paths.absolute(workdir)  # a gs:// workdir stays one (encoder_jax.paths)
   if not paths.is_uri(workdir):  # (a bucket needs no folders)
     workdir.mkdir(parents=True, exist_ok=True)
+  settle_layers(config, workdir)
   s, t = build(config), config.train
   # The mesh (data, fsdp, tensor) comes from config.mesh; nothing below depends on it:
   # batches are split over data x fsdp, checkpoints restore into the state's shardings.

@@ -56,6 +56,8 @@ def create(cfg: ModelConfig, obj: ObjectiveConfig, tx: optax.GradientTransformat
   """
   logging.info("%s", describe_attention(cfg))
   logging.info("%s", describe_dots(cfg.dot_dtype, cfg.dtype))
+  logging.info("layers: %s, remat %s (model.scan_layers / model.remat_policy)",
+               "scanned" if cfg.scan_layers else "unrolled", cfg.remat_policy)
   abstract = nnx.eval_shape(lambda: build_model(cfg, obj, rngs=nnx.Rngs(seed)))
   abstract.eval()
   graphdef_eval, _ = nnx.split(abstract, nnx.Param)

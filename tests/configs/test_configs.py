@@ -17,10 +17,9 @@ EXPECTED = {  # (L, d, h, FFN, embedding) from the BERT / Turc et al. / ELECTRA 
 }
 
 
-def to_model_config(config) -> ModelConfig:
-  d = config.model.to_dict()
-  d["embedding_size"] = d["embedding_size"] or None
-  return ModelConfig.from_dict(d)
+def to_model_config(config, backend="cpu") -> ModelConfig:
+  from encoder_jax.train.loop import model_config
+  return model_config(config, config.model.vocab_size, backend)
 
 
 @pytest.mark.parametrize("size", sorted(EXPECTED))
@@ -72,6 +71,48 @@ def test_the_demo_recipe_picks_its_matmuls_and_attention_by_cpu(monkeypatch, bf1
   assert "jax.nn.dot_product_attention" in describe_attention(cfg, "gpu")  # fp32 on a GPU
 
 
+@pytest.mark.parametrize("backend,layers", [("cpu", (False, "none")), ("tpu", (True, "dots")),
+                                            ("gpu", (True, "dots"))])
+def test_layer_layout_is_picked_by_platform(backend, layers):
+  # Unrolled layers without remat on CPU, scanned layers with `dots` remat on TPU/GPU
+  # (measured: configs/pretrain.py model_config); an explicit choice wins on every platform.
+  from encoder_jax.train.loop import ConfigError, resolve_layers
+  cfg = to_model_config(pretrain.get_config("size=base"), backend)
+  assert (cfg.scan_layers, cfg.remat_policy) == layers
+  c = pretrain.get_config("size=base")
+  c.model.scan_layers = "False"  # what --config.model.scan_layers=False gives
+  forced = to_model_config(c, backend)
+  assert (forced.scan_layers, forced.remat_policy) == (False, "none")
+  c.model.update(dict(scan_layers="true", remat_policy="full"))
+  forced = to_model_config(c, backend)
+  assert (forced.scan_layers, forced.remat_policy) == (True, "full")
+  # The demo recipe keeps its measured scan + full remat everywhere.
+  demo = to_model_config(pretrain.get_config("runlocal"), backend)
+  assert (demo.scan_layers, demo.remat_policy) == (True, "full")
+  assert resolve_layers(False, "auto", backend) == (False, "none")
+  with pytest.raises(ConfigError, match="model.scan_layers='scan'"):
+    resolve_layers("scan", "auto", backend)
+
+
+def test_a_run_records_its_layout_and_a_resume_keeps_it(tmp_path):
+  # A new run writes the resolved layout into its config (config.json records it, so export
+  # and fine-tuning read the checkpoints' structure); a run resumed on another platform keeps
+  # the layout its checkpoints were written with.
+  import json
+  from encoder_jax.train.loop import CONFIG_FILE, settle_layers
+  new = pretrain.get_config("size=mini")
+  settle_layers(new, tmp_path / "fresh", backend="cpu")
+  assert (new.model.scan_layers, new.model.remat_policy) == ("False", "none")
+  (tmp_path / CONFIG_FILE).write_text(json.dumps({"model": {"scan_layers": "True"}}))
+  resumed = pretrain.get_config("size=mini")
+  settle_layers(resumed, tmp_path, backend="cpu")
+  assert (resumed.model.scan_layers, resumed.model.remat_policy) == ("True", "dots")
+  forced = pretrain.get_config("size=mini")
+  forced.model.scan_layers = "False"  # an explicit choice is the user's, recorded or not
+  settle_layers(forced, tmp_path, backend="tpu")
+  assert (forced.model.scan_layers, forced.model.remat_policy) == ("False", "none")
+
+
 def test_cli_overrides(tmp_path):
   # config_flags registers the --config.a.b override flags while absl's app.run parses argv;
   # run it the way users do, in a fresh process.
@@ -82,10 +123,11 @@ def test_cli_overrides(tmp_path):
       "config_flags.DEFINE_config_file('config', None, 'cfg', lock_config=True)\n"
       "def main(_):\n"
       "  c = flags.FLAGS.config.model\n"
-      "  print(c.num_layers, c.hidden_size, c.hidden_dropout)\n"
+      "  print(c.num_layers, c.hidden_size, c.hidden_dropout, c.scan_layers)\n"
       "app.run(main)\n")
   out = subprocess.run(
       [sys.executable, str(script), f"--config={ROOT / 'configs' / 'pretrain.py'}:size=mini",
-       "--config.model.num_layers=6", "--config.model.hidden_dropout=0.0"],
+       "--config.model.num_layers=6", "--config.model.hidden_dropout=0.0",
+       "--config.model.scan_layers=False"],
       capture_output=True, text=True, check=True, cwd=ROOT)
-  assert out.stdout.split() == ["6", "256", "0.0"]
+  assert out.stdout.split() == ["6", "256", "0.0", "False"]

@@ -124,7 +124,7 @@ def test_continued_pretraining_of_minilm_starts_far_below_a_random_init(env, tmp
   for init in ("minilm", ""):
     config = H.tiny_config(env, steps=STEPS, log_every=STEPS, eval_every=STEPS, eval_steps=2)
     config.optim.update(dict(learning_rate=1e-4, warmup_steps=2, total_steps=STEPS))
-    config.model.update(dict(shape, norm_first=False, scan_layers=True))
+    config.model.update(dict(shape, norm_first=False, scan_layers="True"))
     config.data.update(dict(source="demo:sotu", max_length=64, batch_size=8,
                             eval_split="validation"))
     config.init_from = init
