@@ -97,11 +97,8 @@ def make_env(base: pathlib.Path) -> dict:
 
 def tiny_config(env, **train):
   config = pretrain.get_config("size=tiny")
-  # Scanned layers on every platform: the checkpoint layout TPU/GPU runs write, which the
-  # export / init_from / resume checks compare against (the CPU default, unrolled, is
-  # tests/configs/test_configs.py's and the model invariants' to check).
   config.model.update(dict(num_layers=1, hidden_size=32, num_heads=2, ffn_size=64,
-                           max_positions=32, scan_layers="True"))
+                           max_positions=32))
   config.data.update(dict(source=env["source"], data_dir=env["data_dir"], max_length=32,
                           batch_size=4, eval_split="train"))  # too small for a validation split
   config.optim.update(dict(learning_rate=3e-3, warmup_steps=2, total_steps=2 * N))

@@ -124,21 +124,23 @@ def check_train_config(config: ml_collections.ConfigDict) -> None:
 # ------------------------------------------------------------------ config -> static pieces
 
 
+def _is_auto(value) -> bool:
+  return isinstance(value, str) and value.strip().lower() == "auto"
+
+
 def resolve_layers(scan_layers: bool | str, remat_policy: str,
                    backend: str | None = None) -> tuple[bool, str]:
   """`model.scan_layers` and `model.remat_policy` as ModelConfig takes them, for `backend`
   (default: JAX's). "auto" (configs/pretrain.py, where the measurements are): scanned layers
   on TPU/GPU, unrolled on CPU; remat "dots" for scanned layers, "none" for unrolled ones.
   scan_layers may also be a bool or the strings a command line gives ("True", "false", "1")."""
-  if isinstance(scan_layers, str):
-    text = scan_layers.strip().lower()
+  if _is_auto(scan_layers):
+    scan_layers = (backend or jax.default_backend()) != "cpu"
+  elif isinstance(scan_layers, str):
     choices = {"true": True, "1": True, "false": False, "0": False}
-    if text == "auto":
-      scan_layers = (backend or jax.default_backend()) != "cpu"
-    elif text in choices:
-      scan_layers = choices[text]
-    else:
+    if scan_layers.strip().lower() not in choices:
       raise ConfigError(f"model.scan_layers={scan_layers!r}; use auto, True or False.")
+    scan_layers = choices[scan_layers.strip().lower()]
   if remat_policy == "auto":
     remat_policy = "dots" if scan_layers else "none"
   return bool(scan_layers), remat_policy
@@ -151,15 +153,14 @@ def settle_layers(config: ml_collections.ConfigDict, workdir=None,
   resumes in `workdir` keeps the layout recorded there (a run started on a TPU and resumed on
   a CPU must restore the same parameter structure); a new run takes its platform's."""
   m = config.model
-  if str(m.scan_layers).strip().lower() == "auto" and workdir is not None:
-    record = epath.Path(workdir) / CONFIG_FILE
-    if record.exists():
-      try:
-        old = json.loads(record.read_text()).get("model", {}).get("scan_layers", "auto")
-      except (ValueError, AttributeError):
-        old = "auto"
-      if str(old).strip().lower() != "auto":
-        m.scan_layers = str(old) if isinstance(m.scan_layers, str) else bool(old)
+  record = epath.Path(workdir) / CONFIG_FILE if workdir is not None else None
+  if _is_auto(m.scan_layers) and record is not None and record.exists():
+    try:
+      recorded = json.loads(record.read_text())["model"]["scan_layers"]
+    except (ValueError, KeyError, TypeError):
+      recorded = "auto"  # no readable record: the platform decides, as for a new run
+    if not _is_auto(recorded):
+      m.scan_layers = str(recorded)
   scan, remat = resolve_layers(m.scan_layers, m.remat_policy, backend)
   m.scan_layers = str(scan) if isinstance(m.scan_layers, str) else scan
   m.remat_policy = remat

@@ -107,6 +107,11 @@ def test_a_run_records_its_layout_and_a_resume_keeps_it(tmp_path):
   resumed = pretrain.get_config("size=mini")
   settle_layers(resumed, tmp_path, backend="cpu")
   assert (resumed.model.scan_layers, resumed.model.remat_policy) == ("True", "dots")
+  # Runs from before "auto" recorded a JSON bool.
+  (tmp_path / CONFIG_FILE).write_text(json.dumps({"model": {"scan_layers": True}}))
+  old = pretrain.get_config("size=mini")
+  settle_layers(old, tmp_path, backend="cpu")
+  assert (old.model.scan_layers, old.model.remat_policy) == ("True", "dots")
   forced = pretrain.get_config("size=mini")
   forced.model.scan_layers = "False"  # an explicit choice is the user's, recorded or not
   settle_layers(forced, tmp_path, backend="tpu")

@@ -67,6 +67,13 @@ def _checkpoint_params(workdir, step):
   return unwrap(raw["params"])
 
 
+def _run_scans(workdir) -> bool:
+  """The layer layout the run recorded in its config.json (model.scan_layers=auto settles to
+  the platform's: unrolled on CPU), which its checkpoints have."""
+  recorded = json.loads((workdir / loop.CONFIG_FILE).read_text())["model"]
+  return loop.resolve_layers(recorded["scan_layers"], recorded["remat_policy"])[0]
+
+
 def _assert_equal_trees(a, b):
   strkeys = lambda t: ({str(k): strkeys(v) for k, v in t.items()} if isinstance(t, dict)
                        else np.asarray(t))
@@ -96,7 +103,7 @@ def test_mlm_run_exports_as_bert_for_masked_lm(mlm_run, tmp_path):
                                              "tokenizer_config.json"}
   # No NSP head in this run: HF's class with exactly these tensors.
   assert json.loads((out / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
-  ours = load_hf_bert(out, pretraining=True, nsp=False)
+  ours = load_hf_bert(out, pretraining=True, nsp=False, scan_layers=_run_scans(workdir))
   _assert_equal_trees(_pure_params(ours), _checkpoint_params(workdir, 2))
 
   hf, info = transformers.AutoModelForMaskedLM.from_pretrained(out, local_files_only=True,
@@ -121,7 +128,7 @@ def test_electra_run_command_exports_discriminator_and_generator(electra_run, tm
   gen_dir = out / "generator"
   assert f"wrote {gen_dir}" in proc.stdout
 
-  ours = load_hf_electra_pair(out, gen_dir)
+  ours = load_hf_electra_pair(out, gen_dir, scan_layers=_run_scans(workdir))
   at_1, at_2 = _checkpoint_params(workdir, 1), _checkpoint_params(workdir, 2)
   _assert_equal_trees(_pure_params(ours), at_1)  # --step=1, not the newest
   assert not np.array_equal(at_1["rtd"]["out"]["kernel"], at_2["rtd"]["out"]["kernel"])
