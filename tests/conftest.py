@@ -24,3 +24,18 @@ def pytest_xdist_auto_num_workers(config):
   memory pressure; XLA compilation, most of the suite's time, is single-threaded."""
   del config
   return max(1, min(os.cpu_count() or 1, 4))
+
+
+def pytest_collection_modifyitems(config, items):
+  """Files with `slow` tests run first, then the rest from the largest file down. Workers take
+  whole files (`--dist loadfile`) in this order (pytest.ini turns off xdist's own reorder,
+  which sorts files by test count alone and so left the few-but-long learnability files for
+  last, one worker running them alone for minutes): the long files start while the short
+  ones fill the other worker. Tests keep their order inside a file."""
+  del config
+  files: dict[str, list] = {}
+  for item in items:
+    files.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+  order = sorted(files.values(), key=lambda tests: (
+      not any(t.get_closest_marker("slow") for t in tests), -len(tests)))
+  items[:] = [t for tests in order for t in tests]
