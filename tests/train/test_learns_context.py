@@ -8,9 +8,10 @@ a 256-token WordPiece vocab trained on it so that local context pays off quickly
 the held-out loss to end `MARGIN` nats below that baseline, scored by the trainer on exactly
 the evaluated positions. Calibration (2-core CPU, 65-100 s a run alone): 0.12 nats at 400 steps,
 0.25 at 800, 0.37 at 1,000, 0.70 at 1,200 (0.71 with fp32 matmuls, as on a CPU without bf16
-instructions), 0.99 at 1,500 (the model leaves the plateau steeply past ~1,000 steps); with attention broken 0.008 at 1,000 and 0.01 at 1,500. The
-same run with attention broken (every key masked: no token sees any other) must fail the
-same check, so the check measures context and nothing else.
+instructions), 0.99 at 1,500 (the model leaves the plateau steeply past ~1,000 steps); with
+attention broken 0.008 at 1,000 and 0.01 at 1,500. The same run with attention broken (every
+key masked: no token sees any other) must fail the same check, so the check measures context
+and nothing else.
 
 The check reads the scores at the targets whose input was [MASK] (`*_at_mask_*`): with BERT's
 80/10/10 a tenth of the targets stay visible, and a context-free model learns to copy them,
