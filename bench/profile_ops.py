@@ -20,6 +20,9 @@ dot split by YNNPACK) counts once per thread that records it. The dot rate is it
 that summed time, so it is a lower bound when a dot shares the cores with another op.
 A dot inside a while loop (scanned layers) runs once per iteration; its rate here counts its
 FLOPs once per step, so read scanned dots' times, not their rates.
+Summed op time is not the wall time an op's removal would save: XLA:CPU runs independent ops
+side by side (measured: an 8 ms-a-step argmax in the demo ELECTRA step, replaced by cheaper
+reductions, left the step's wall time unchanged; bench/README.md).
 """
 from __future__ import annotations
 
@@ -117,9 +120,11 @@ def _newest(pattern: str) -> str:
 def summarize(xplane: str, hlo_text: str, steps: int, top: int) -> str:
   times, _ = op_times(xplane)
   comps, calls, lines = parse_hlo(hlo_text) if hlo_text else ({}, {}, {})
-  kinds, kind_flops, shapes = collections.Counter(), collections.Counter(), {}
+  kinds, kind_flops, shapes, rest = collections.Counter(), collections.Counter(), {}, []
   for op, ns in times.items():
     flops, desc = dot_flops(comps[calls[op]]) if op in calls and calls[op] in comps else (0, "")
+    if not flops:
+      rest.append((ns, op))
     kind = "dots (fusions holding a dot)" if flops else re.sub(r"\.\d+$", "", op)
     kinds[kind] += ns
     kind_flops[kind] += flops * steps
@@ -138,8 +143,6 @@ def summarize(xplane: str, hlo_text: str, steps: int, top: int) -> str:
     out += ["", "| dot (lhs x rhs -> out) | ops | s per step | GFLOP/s |", "|---|---|---|---|"]
     for desc, (ns, fl, n) in sorted(shapes.items(), key=lambda kv: -kv[1][0])[:top]:
       out.append(f"| {desc} | {n} | {ns / 1e9 / steps:.3f} | {fl / ns:.0f} |")
-  rest = [(ns, op) for op, ns in times.items()
-          if not (op in calls and calls[op] in comps and dot_flops(comps[calls[op]])[0])]
   out += ["", "| other op | s per step | result | from |", "|---|---|---|---|"]
   for ns, op in sorted(rest, reverse=True)[:top]:
     line = lines.get(op, "")

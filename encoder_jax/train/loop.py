@@ -141,7 +141,7 @@ def resolve_layers(scan_layers: bool | str, remat_policy: str,
     if scan_layers.strip().lower() not in choices:
       raise ConfigError(f"model.scan_layers={scan_layers!r}; use auto, True or False.")
     scan_layers = choices[scan_layers.strip().lower()]
-  if remat_policy == "auto":
+  if _is_auto(remat_policy):
     remat_policy = "dots" if scan_layers else "none"
   return bool(scan_layers), remat_policy
 

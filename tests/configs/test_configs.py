@@ -90,6 +90,7 @@ def test_layer_layout_is_picked_by_platform(backend, layers):
   demo = to_model_config(pretrain.get_config("runlocal"), backend)
   assert (demo.scan_layers, demo.remat_policy) == (True, "full")
   assert resolve_layers(False, "auto", backend) == (False, "none")
+  assert resolve_layers("AUTO", " Auto", "cpu") == (False, "none")  # "auto" read one way
   with pytest.raises(ConfigError, match="model.scan_layers='scan'"):
     resolve_layers("scan", "auto", backend)
 
