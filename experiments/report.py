@@ -35,6 +35,9 @@ STALL_GAP = 0.1
 # rows learned (almost) nothing from context: "stalled". 5% of H(p) at p ~0.16 is ~0.022 nats a
 # token, about as much information per row (x 64 tokens) as STALL_GAP over MLM's ~13 targets.
 RTD_STALL_RATIO = 0.95
+# A held-out replaced share of 0 or 1 (e.g. a generator that never samples the original, judged
+# on the chosen positions only, as ELECTRA-15%) has no prior to beat: the ratio is undefined and
+# the point counts as stalled, since nothing shows that it learned.
 
 SCORE_KEYS = ("test/accuracy", "test/score", "validation/accuracy", "validation/score",
               "validation_matched/accuracy", "validation_matched/score")
@@ -118,7 +121,7 @@ def collect(grid: Grid, workdir, points: Sequence[Point] | None = None) -> list[
           final_eval["disc_replaced_frac"])
     if row["status"] == "done" and (
         (grid.stall_loss is not None and not row["final_eval_curve"] < grid.stall_loss)
-        or (row.get("disc_vs_prior", 0.0) > RTD_STALL_RATIO if rtd
+        or (not row["disc_vs_prior"] <= RTD_STALL_RATIO if rtd  # NaN (no prior): stalled
             else row.get("gap_at_mask", math.inf) < STALL_GAP)):
       row["status"] = "stalled"
     row["wall_s"] = summary.get("total_wall_s", math.nan)

@@ -295,7 +295,7 @@ def test_electra_points_are_judged_by_the_discriminator_against_its_prior(tmp_pa
   """An RTD point stalls when its discriminator ends near the binary entropy of the replaced
   share, whatever its generator does (a 1/4-width generator may stay near unigram)."""
   grid = Grid("g", "rtd", expand(
-      {"objective": ["electra"], "seed": [0, 1]},
+      {"objective": ["electra"], "seed": [0, 1, 2]},
       lambda v: PointSpec("size=tiny,objective=electra", {"train.steps": 8, "seed": v["seed"]},
                           ())))
   runner.run_grid(grid, tmp_path, execute=FakeExecutor(), echo=lambda s: None)
@@ -303,16 +303,19 @@ def test_electra_points_are_judged_by_the_discriminator_against_its_prior(tmp_pa
   assert prior == pytest.approx(0.43967, abs=1e-5)  # -(0.16 ln 0.16 + 0.84 ln 0.84)
   # seed 0: discriminator 0.85 of its prior, generator on the plateau (0.02 nats): learned.
   # seed 1: discriminator 0.98 of its prior, generator well off the plateau: stalled.
-  for seed, ratio, gap in ((0, 0.85, 0.02), (1, 0.98, 0.6)):
+  # seed 2: every chosen token replaced (share 1, no prior to beat; a 3-step ELECTRA-15%
+  # run): the ratio is undefined, so it is not judged done.
+  for seed, ratio, gap, share in ((0, 0.85, 0.02, 0.16), (1, 0.98, 0.6, 0.16),
+                                  (2, 0.5, 0.6, 1.0)):
     path = tmp_path / f"objective=electra,seed={seed}" / "pretrain" / "summary.json"
     summary = json.loads(path.read_text())
-    summary["final_eval"] |= dict(disc_loss=ratio * prior, disc_replaced_frac=0.16,
+    summary["final_eval"] |= dict(disc_loss=ratio * prior, disc_replaced_frac=share,
                                   gen_at_mask_loss=6.0, gen_at_mask_accuracy=0.1,
                                   unigram_at_mask_loss=6.0 + gap, unigram_at_mask_accuracy=0.05)
     path.write_text(json.dumps(summary))
   rows = report.collect(grid, tmp_path)
-  assert [r["status"] for r in rows] == ["done", "stalled"]
-  assert rows[0]["disc_vs_prior"] == pytest.approx(0.85)
+  assert [r["status"] for r in rows] == ["done", "stalled", "stalled"]
+  assert rows[0]["disc_vs_prior"] == pytest.approx(0.85) and math.isnan(rows[2]["disc_vs_prior"])
   md = report.markdown(grid, rows)
   assert "disc loss / prior entropy" in md and "0.9150 [0.8500, 0.9800]" in md
 
