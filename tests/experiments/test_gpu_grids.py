@@ -112,6 +112,9 @@ def test_dry_run_keeps_one_point_per_code_path_and_shrinks_it():
   n = grids.dry_run(grids.norm_lr_warmup("gpu"))  # lr values share a program, warm-up does not
   assert {(p.labels["warmup"], p.labels["norm"]) for p in n.points} == {
       (w, m) for w in ("0", "10pct") for m in ("post", "pre")} and len(n.points) == 4
+  # ... and the shrunk points keep it: no warm-up stays none, a warm-up becomes one step
+  assert {p.labels["warmup"]: p.config().optim.warmup_steps for p in n.points} == {
+      "0": 0, "10pct": 1}
   by_name = {p.name: p for p in g.points}
   for b in d.points:
     a = by_name[b.name]
