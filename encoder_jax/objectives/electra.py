@@ -88,17 +88,21 @@ class ElectraInputs(NamedTuple):
   chosen_BxT: jax.Array  # bool: masked-out positions (where the generator sampled)
 
 
+# Ids per block of the two-level inverse-CDF search in `sample_tokens` (a multiple of 8 and
+# 16 for the vector units; 8,192 ids -> 64 blocks, 30,522 -> 239 after padding). Measured in the
+# demo ELECTRA step (rows 16 x 64, 8,192 ids, 2026-12-03, bench/README.md): 58.0 vs 68.4 ms.
+SAMPLE_BLOCK = 128
+
+
 def sample_tokens(key: jax.Array, logits_BxPxV: jax.Array, temperature: float | jax.Array = 1.0,
                   disallow_BxP: jax.Array | None = None) -> jax.Array:
   """One int32 sample per row from softmax(logits / temperature) (ELECTRA's generator sample).
 
-  Inverse-CDF sampling: one uniform draw per row, located in the cumulative softmax. The
-  Gumbel-max trick (argmax of logits + Gumbel noise, what google-research/electra does) is the
-  same distribution but draws V random numbers per row; with threefry on XLA:CPU that was 46 ms
-  of a ~68 ms demo ELECTRA step (16 x 13 rows x 8,192 ids: 1.7M draws); the cumulative sum
-  costs ~7 ms of the gradient step (demo ELECTRA 15.6k -> 20k tokens/s, 2026-12-03).
-  Zero-probability ids are never drawn (`locate_in_cdf`); fp32 rounding of the
-  cumulative sum moves probabilities by ~1e-7 absolute at most, far below sampling noise.
+  Inverse-CDF sampling: one uniform draw per row, located in the cumulative softmax
+  (`inverse_cdf`). The Gumbel-max trick (argmax of logits + Gumbel noise, what
+  google-research/electra does) is the same distribution but draws V random numbers per row;
+  with threefry on XLA:CPU that was 46 ms of a ~68 ms demo ELECTRA step (16 x 13 rows x 8,192
+  ids: 1.7M draws).
   The logits are stop-gradient'ed (no gradient through sampling, as ELECTRA). `disallow_BxP`
   (e.g. the original ids: the repo's `disallow_correct`) can never be sampled.
   """
@@ -109,24 +113,60 @@ def sample_tokens(key: jax.Array, logits_BxPxV: jax.Array, temperature: float | 
     vocab_1x1xV = jnp.arange(logits_BxPxV.shape[-1], dtype=jnp.int32)[None, None, :]
     logits_BxPxV = jnp.where(vocab_1x1xV == disallow_BxP[..., None], -jnp.inf, logits_BxPxV)
   probs_BxPxV = jax.nn.softmax(logits_BxPxV, axis=-1)
-  cdf_BxPxV = jnp.cumsum(probs_BxPxV, axis=-1)
-  u_BxPx1 = jax.random.uniform(key, logits_BxPxV.shape[:-1] + (1,), jnp.float32)
-  return locate_in_cdf(probs_BxPxV, cdf_BxPxV, u_BxPx1 * cdf_BxPxV[..., -1:])
+  u_BxP = jax.random.uniform(key, logits_BxPxV.shape[:-1], jnp.float32)
+  return inverse_cdf(probs_BxPxV, u_BxP)
 
 
-def locate_in_cdf(probs_BxPxV: jax.Array, cdf_BxPxV: jax.Array,
-                  threshold_BxPx1: jax.Array) -> jax.Array:
-  """The id whose CDF step holds `threshold` (< the CDF's last entry): the count of entries
-  <= threshold, which is at most V - 1 because fl(u * total) < total for u < 1.
+def inverse_cdf(probs_BxPxV: jax.Array, u_BxP: jax.Array, block: int = SAMPLE_BLOCK
+                ) -> jax.Array:
+  """The id whose CDF step holds u * total, for u in [0, 1): found in two levels.
 
-  XLA:CPU computes the cumulative sum as a parallel scan, so neighbouring entries are rounded
-  differently and a zero-probability id can get a CDF step of ~1 ulp (0.75% of the zero ids of
-  random 8,192-wide rows, measured 2026-12-03). Such an id (a disallowed one, or -inf logits)
-  must never be drawn: the most likely id is taken instead (a ~1e-7 chance per such id).
+  Hand-written because jax.random.categorical is the Gumbel-max trick (V random numbers a
+  row, see sample_tokens) and a one-level search (a cumulative sum over all V ids, then a
+  count of the entries <= the threshold) makes three passes over [B, P, V] that XLA:CPU runs
+  slowly (the sum as a reduce-window). Here the ids are split into blocks of `block` (the last
+  padded with zero probability): one pass sums each block, the search runs over the block
+  totals' cumulative sum, then over the cumulative sum of the one chosen block. Each id is
+  drawn with its probability up to fp32 rounding of the sums (~1e-7 absolute).
+  The result is then checked (`never_impossible`): rounding can leave a zero-probability id
+  (a disallowed one, a padded one, -inf logits) a CDF step of an ulp.
   """
-  index_BxP = jnp.sum(cdf_BxPxV <= threshold_BxPx1, axis=-1)
-  p_BxP = jnp.take_along_axis(probs_BxPxV, index_BxP[..., None], axis=-1)[..., 0]
-  index_BxP = jnp.where(p_BxP > 0, index_BxP, jnp.argmax(probs_BxPxV, axis=-1))
+  *lead, V = probs_BxPxV.shape
+  G = -(-V // block)
+  padded_BxPxV = probs_BxPxV
+  if G * block != V:
+    padded_BxPxV = jnp.pad(probs_BxPxV, [(0, 0)] * len(lead) + [(0, G * block - V)])
+  blocks_BxPxGxS = padded_BxPxV.reshape(*lead, G, block)
+  cdf_BxPxG = jnp.cumsum(blocks_BxPxGxS.sum(axis=-1), axis=-1)
+  threshold_BxP = u_BxP * cdf_BxPxG[..., -1]
+  # fl(u * total) < total for u < 1, so some block total exceeds the threshold; the min only
+  # guards rounding between the two sums.
+  g_BxP = jnp.minimum(jnp.sum(cdf_BxPxG <= threshold_BxP[..., None], axis=-1), G - 1)
+  before_BxP = jnp.where(g_BxP > 0, jnp.take_along_axis(
+      cdf_BxPxG, jnp.maximum(g_BxP - 1, 0)[..., None], axis=-1)[..., 0], 0.0)
+  inner_BxPxS = jnp.take_along_axis(blocks_BxPxGxS, g_BxP[..., None, None], axis=-2)[..., 0, :]
+  j_BxP = jnp.sum(jnp.cumsum(inner_BxPxS, axis=-1) <= (threshold_BxP - before_BxP)[..., None],
+                  axis=-1)
+  return never_impossible(probs_BxPxV, g_BxP * block + jnp.minimum(j_BxP, block - 1))
+
+
+def never_impossible(probs_BxPxV: jax.Array, index_BxP: jax.Array) -> jax.Array:
+  """`index_BxP`, except that an id of zero probability or past the vocabulary becomes the
+  row's most likely id.
+
+  XLA:CPU computes a cumulative sum as a parallel scan, so neighbouring entries are rounded
+  differently and a zero-probability id can get a CDF step of ~1 ulp (0.75% of the zero ids of
+  random 8,192-wide rows, measured 2026-12-03): such an id must never be drawn (a ~1e-7 chance
+  per such id). The argmax over [B, P, V] runs under lax.cond, only for a batch that has such a
+  row: computed always, it was 8 ms of the demo ELECTRA step's ~113 ms of op time.
+  """
+  V = probs_BxPxV.shape[-1]
+  safe_BxP = jnp.minimum(index_BxP, V - 1)
+  p_BxP = jnp.take_along_axis(probs_BxPxV, safe_BxP[..., None], axis=-1)[..., 0]
+  ok_BxP = (index_BxP < V) & (p_BxP > 0)
+  index_BxP = jax.lax.cond(
+      jnp.all(ok_BxP), lambda: safe_BxP,
+      lambda: jnp.where(ok_BxP, safe_BxP, jnp.argmax(probs_BxPxV, axis=-1)))
   return index_BxP.astype(jnp.int32)
 
 
