@@ -7,7 +7,7 @@
 #
 #   bash bench/gpu_grids.sh                 # on the GPU machine
 #   bash bench/gpu_grids.sh --dry_run       # CPU, every point shrunk to 3 steps (2.2 min; the
-#                                           # first run on a machine compiles: 8.8 min)
+#                                           # first run on a machine: 2.7-3.8 min)
 #   GRIDS=generator_size bash bench/gpu_grids.sh    # another grid (or a comma-separated list)
 #   PYTHON=.venv/bin/python bash bench/gpu_grids.sh --dry_run --workdir=/tmp/r --out=/tmp/o
 #
