@@ -89,8 +89,9 @@ class ElectraInputs(NamedTuple):
 
 
 # Ids per block of the two-level inverse-CDF search in `sample_tokens` (a multiple of 8 and
-# 16 for the vector units; 8,192 ids -> 64 blocks, 30,522 -> 239 after padding). Measured in the
-# demo ELECTRA step (rows 16 x 64, 8,192 ids, 2026-12-03, bench/README.md): 58.0 vs 68.4 ms.
+# 16 for the vector units; 8,192 ids -> 64 blocks, 30,522 -> 239 after padding). The demo
+# ELECTRA step (rows 16 x 64, 8,192 ids) took 56.2 ms with it against 65.5 ms with the
+# one-level search (7 interleaved rounds, quiet, 2026-12-03; bench/README.md).
 SAMPLE_BLOCK = 128
 
 
