@@ -325,7 +325,8 @@ def plot_downstream(grid: Grid, rows: list[dict], path: pathlib.Path) -> bool:
     else:
       ax.set_xlabel("pre-training FLOPs")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if not equal:  # (by point, the tick labels name each point; a legend would cover them)
+      ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
