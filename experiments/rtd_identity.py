@@ -24,13 +24,14 @@ of its prior (experiments/report.py).
 from __future__ import annotations
 
 import json
-import math
 import pathlib
 import shutil
 import tempfile
 
 from absl import app, flags
 import numpy as np
+
+from experiments.report import binary_entropy
 
 _RUN_DIR = flags.DEFINE_string("run_dir", None, "A finished ELECTRA pre-training workdir (the "
                                "folder with config.json and checkpoints/); read, never written.")
@@ -39,10 +40,6 @@ _EVAL_STEPS = flags.DEFINE_integer("eval_steps", 256, "Held-out batches to score
                                    "estimates over an 8k vocabulary).")
 _SMOOTHING = flags.DEFINE_float("smoothing", 2.0, "Pseudo-counts per token id, at the replaced "
                                 "share, added to the identity estimate's counts.")
-
-
-def binary_entropy(p: float) -> float:
-  return -(p * math.log(p) + (1 - p) * math.log(1 - p)) if 0 < p < 1 else math.nan
 
 
 def identity_loss(ids: np.ndarray, labels: np.ndarray, fold: np.ndarray, vocab_size: int,

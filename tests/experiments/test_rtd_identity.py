@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from experiments import rtd_identity
+from experiments import report, rtd_identity
 
 
 def _tokens(seed: int, n: int = 200_000, vocab: int = 8192):
@@ -20,7 +20,7 @@ def test_independent_labels_score_the_prior():
   fit is scored on the other half's tokens only; measured 1.016)."""
   rng, ids, fold, vocab = _tokens(0)
   labels = (rng.random(ids.size) < 0.16).astype(np.float64)
-  prior = rtd_identity.binary_entropy(labels.mean())
+  prior = report.binary_entropy(labels.mean())
   ratio = rtd_identity.identity_loss(ids, labels, fold, vocab, 2.0) / prior
   assert 0.995 < ratio < 1.04
 
@@ -32,13 +32,13 @@ def test_labels_that_follow_the_token_are_found():
   rng, ids, fold, vocab = _tokens(1)
   p = np.where(ids > 50, 0.5, 0.05)
   labels = (rng.random(ids.size) < p).astype(np.float64)
-  prior = rtd_identity.binary_entropy(labels.mean())
+  prior = report.binary_entropy(labels.mean())
   assert rtd_identity.identity_loss(ids, labels, fold, vocab, 2.0) / prior < 0.8
   exact = (ids % 7 == 0).astype(np.float64)
   assert rtd_identity.identity_loss(ids, exact, fold, vocab, 2.0) < 0.1 * (
-      rtd_identity.binary_entropy(exact.mean()))
+      report.binary_entropy(exact.mean()))
 
 
 @pytest.mark.parametrize("p", [0.0, 1.0])
 def test_binary_entropy_of_a_certain_label_is_undefined(p):
-  assert math.isnan(rtd_identity.binary_entropy(p))
+  assert math.isnan(report.binary_entropy(p))
