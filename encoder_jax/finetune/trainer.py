@@ -22,6 +22,7 @@ weight-0 rows, so a run compiles at most max_length / length_bucket train steps.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import time
@@ -254,14 +255,34 @@ def total_steps(spec: tasks_lib.TaskSpec, data, config) -> int:
   return math.ceil(len(data[spec.train_split]) / config.batch_size) * config.epochs
 
 
+# Steps built by earlier runs of this process, newest last (build_steps). A grid of N points
+# fine-tunes N backbones of one shape in one process (experiments.runner, in-process): without
+# this, each run would trace, lower and fetch from the compilation cache the same programs again
+# (~1 s a task on 2 CPU cores, 2026-12-03; jax's own jit cache cannot help, because every run
+# makes new closures).
+_STEPS_CACHE: collections.OrderedDict = collections.OrderedDict()
+_STEPS_CACHE_SIZE = 8
+
+
 def build_steps(spec: tasks_lib.TaskSpec, model: FinetuneModel, data, config, mesh=None):
-  """The jitted steps and the optimizer, shared by every seed of a run (one compilation);
-  sharded over `mesh` when given (encoder_jax.train.sharding.mesh_from_config)."""
+  """The jitted steps and the optimizer, shared by every seed of a run (one compilation) and
+  by later runs of this process whose steps would be the same program: same module structure
+  and mode (nnx.graphdef compares by structure, not by parameter values), task kind, training
+  config, number of steps (the schedule's length) and mesh. Sharded over `mesh` when given
+  (encoder_jax.train.sharding.mesh_from_config)."""
   config = TrainConfig.of(config)
-  tx, schedule = make_optimizer(config, num_layers=model.cfg.num_layers,
-                                total_steps=total_steps(spec, data, config))
-  return make_steps(model, tx, schedule, freeze=config.freeze_encoder,
-                    dropout=config.dropout, mesh=mesh), tx
+  n_steps = total_steps(spec, data, config)
+  key = (nnx.graphdef(model), model.kind, config, model.cfg.num_layers, n_steps, mesh)
+  if key in _STEPS_CACHE:
+    _STEPS_CACHE.move_to_end(key)
+    return _STEPS_CACHE[key]
+  tx, schedule = make_optimizer(config, num_layers=model.cfg.num_layers, total_steps=n_steps)
+  built = make_steps(model, tx, schedule, freeze=config.freeze_encoder,
+                     dropout=config.dropout, mesh=mesh), tx
+  _STEPS_CACHE[key] = built
+  while len(_STEPS_CACHE) > _STEPS_CACHE_SIZE:
+    _STEPS_CACHE.popitem(last=False)
+  return built
 
 
 def finetune_one_seed(spec: tasks_lib.TaskSpec, model: FinetuneModel,

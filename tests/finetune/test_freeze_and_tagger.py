@@ -148,3 +148,43 @@ def test_length_grouped_order_is_a_permutation_with_aligned_batches():
   # The 11-row remainder is the last batch, so every other batch is full and homogeneous.
   tail = order[992:]
   assert len(tail) == 11 and np.ptp(lengths[order[:32]]) <= 5
+
+
+def test_steps_are_reused_only_for_the_same_program(tiny_config):
+  """build_steps hands a later run of this process the steps of an earlier one only when they
+  would be the same program: same structure and mode, kind, config, number of steps and mesh.
+  A reused schedule of the wrong length, or a reused freeze/dropout switch, would train wrong
+  without any error, so every differing input must build new steps."""
+  trainer._STEPS_CACHE.clear()
+  spec = tasks.get_task("glue/cola")
+
+  def build(seed=0, rows=4, cfg=CFG, kind="classify", **changes):
+    model = build_model(Backbone(cfg, None, None, "random"), kind, 2, pooling="cls", seed=seed)
+    config = tiny_config("glue/cola", "", **{"learning_rate": 1e-2, "warmup_frac": 0.5,
+                                              "epochs": 1, "batch_size": 2, **changes})
+    data = {"train": tasks.Encoded({k: v[:rows] for k, v in _batch().items()})}
+    return trainer.build_steps(spec, model, data, config)
+
+  first = build()
+  assert build(seed=1) is first  # other parameter values, same program
+  others = [build(rows=2),  # 1 step instead of 2: a shorter schedule
+            build(learning_rate=2e-2), build(freeze_encoder=True), build(dropout=False),
+            build(cfg=CFG.replace(norm_first=not CFG.norm_first)), build(kind="regress")]
+  assert all(o is not first for o in others)
+  assert len({id(o) for o in others}) == len(others)
+  # A reused step trains exactly like freshly built ones.
+  def train_once(steps_and_tx):
+    steps, tx = steps_and_tx
+    model = build_model(Backbone(CFG, None, None, "random"), "classify", 2, pooling="cls",
+                        seed=3)
+    params = nnx.state(model, nnx.Param)
+    state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+    for _ in range(2):
+      state, m = steps.train(state, _batch(), jax.random.key(0))
+    return trainer.host_copy(state.params), float(m["learning_rate"])
+  reused = train_once(build(seed=2))
+  trainer._STEPS_CACHE.clear()
+  fresh = train_once(build(seed=2))
+  assert reused[1] == fresh[1]
+  for a, b in zip(jax.tree.leaves(reused[0]), jax.tree.leaves(fresh[0])):
+    np.testing.assert_array_equal(a, b)
