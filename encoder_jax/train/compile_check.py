@@ -51,7 +51,6 @@ def compile_train_step(config, devices=None, platform: str | None = None):
   Returns (compiled, setup, state_shardings, abstract_state, mesh, seconds)."""
   import jax
 
-  from encoder_jax.data import pipeline
   from encoder_jax.train import loop, sharding, step as step_lib
 
   s = loop.build(config, platform)
@@ -66,10 +65,7 @@ def compile_train_step(config, devices=None, platform: str | None = None):
   state_in = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
                           abstract, state_shardings)
   batch_sharding = sharding.batch_sharding(mesh)
-  spec = pipeline.batch_spec(loop.example_config(config), config.data.batch_size,
-                             example_ids=config.objective.get("masking", "dynamic") == "static")
-  batch_in = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding)
-              for k, (shape, dtype) in spec.items()}
+  batch_in = loop.abstract_batch(config, batch_sharding)
   train_step = step_lib.make_train_step(s.trainer, state_shardings, batch_sharding)
   t0 = time.perf_counter()
   compiled = train_step.lower(state_in, batch_in).compile()

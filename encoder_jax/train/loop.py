@@ -224,13 +224,29 @@ def _shard_args(config: ml_collections.ConfigDict) -> dict:
               source_data_dir=d.get("source_data_dir", "") or None)
 
 
+def _example_ids(config: ml_collections.ConfigDict) -> bool:
+  """Batches carry example_id / epoch: static masking keys its masks on them."""
+  return config.objective.get("masking", "dynamic") == "static"
+
+
 def make_loader(config: ml_collections.ConfigDict, split: str) -> pipeline.Loader:
   d = config.data
   return pipeline.pretrain_loader(
       source=d.source, vocab=d.vocab, split=split, example=example_config(config),
       global_batch_size=d.batch_size, seed=config.seed, data_dir=d.data_dir or None,
       cache_dir=d.cache_dir or None, worker_count=d.worker_count,
-      example_ids=config.objective.get("masking", "dynamic") == "static", **_shard_args(config))
+      example_ids=_example_ids(config), **_shard_args(config))
+
+
+def abstract_batch(config: ml_collections.ConfigDict, batch_sharding
+                   ) -> dict[str, jax.ShapeDtypeStruct]:
+  """The global batches make_loader's loaders yield, as shapes and dtypes placed by
+  `batch_sharding` (pipeline.batch_spec; no corpus is read): what an ahead-of-time compile of
+  the train or eval step takes."""
+  spec = pipeline.batch_spec(example_config(config), config.data.batch_size,
+                             example_ids=_example_ids(config))
+  return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding)
+          for k, (shape, dtype) in spec.items()}
 
 
 def train_unigram_counts(config: ml_collections.ConfigDict, vocab_size: int) -> np.ndarray:
@@ -386,10 +402,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   # batches are split over data x fsdp, checkpoints restore into the state's shardings.
   mesh = sharding.mesh_from_config(config.get("mesh", "auto"))
   abstract, state_shardings = sharded_abstract_state(s.init_fn, mesh)
+  steps = _Steps(s, config, mesh, abstract, state_shardings)
   with Stage(f"preparing the corpus ({config.data.source})"):
     train_it = iter(make_loader(config, "train"))
     eval_loader = make_loader(config, config.data.eval_split) if t.eval_steps > 0 else None
   baseline = unigram_baseline(config, s.obj) if eval_loader is not None else (None, None)
+  if eval_loader is not None:
+    steps.start_eval(baseline[0])
   ckpt = Checkpointer(workdir / "checkpoints", keep=t.keep)
   run = None
   try:
@@ -404,7 +423,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
          f"({kind}{', measured per host' if mesh.devices.flat[0].platform == 'cpu' else ''}) | "
          f"steps {begin.step} -> {s.end_step} ({s.planned_stop})")
     run = _Run(s, config, workdir, begin, ckpt, train_it, eval_loader, baseline[0], mesh,
-               state_shardings, parts.ThroughputMeter(s.flops_per_step, s.tokens_per_step,
+               steps, parts.ThroughputMeter(s.flops_per_step, s.tokens_per_step,
                                                       n_peak, peak),
                prior_wall_s=float(begin.meta.get("wall_s", 0.0)), t_start=t_start)
     try:
@@ -437,12 +456,30 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   return summary
 
 
+class _Steps:
+  """The jitted train and eval steps, their XLA compilation started ahead of the first call
+  (loop_parts.Precompiled) for the argument types the loop will pass: the state's abstract
+  shapes and shardings, and global batches of pipeline.batch_spec's shapes."""
+
+  def __init__(self, s: Setup, config, mesh, abstract, state_shardings):
+    self.abstract, self.trainer = abstract, s.trainer
+    batch_sh = sharding.batch_sharding(mesh)
+    self.batch = abstract_batch(config, batch_sh)
+    jitted = step_lib.make_train_step(s.trainer, state_shardings, batch_sh)
+    self.train = parts.Precompiled.of(jitted, abstract, self.batch, name="train step")
+    self.eval = step_lib.make_eval_step(s.trainer)
+
+  def start_eval(self, unigram_logp_V) -> None:
+    self.eval = parts.Precompiled.of(self.eval, self.abstract.params, self.batch, 0,
+                                     unigram_logp_V, name="eval step")
+
+
 class _Run:
   """One process's training from `begin` to the end step: the step loop and its periodic
   actions (log, evaluate, save), built from encoder_jax.train.loop_parts."""
 
   def __init__(self, s: Setup, config, workdir, begin: recovery.Begin, ckpt: Checkpointer,
-               train_it, eval_loader, unigram_logp_V, mesh, state_shardings,
+               train_it, eval_loader, unigram_logp_V, mesh, steps: "_Steps",
                meter: parts.ThroughputMeter, *, prior_wall_s: float, t_start: float):
     t = config.train
     self.s, self.t, self.config, self.workdir = s, t, config, workdir
@@ -457,9 +494,7 @@ class _Run:
     self.record = recovery.ConfigRecord(config, workdir, begin.step, _say)
     self.schedule = parts.Schedule(t.log_every, t.eval_every, t.checkpoint_every, s.end_step,
                                    evaluating=eval_loader is not None)
-    self.train_step = step_lib.make_train_step(s.trainer, state_shardings,
-                                               sharding.batch_sharding(mesh))
-    self.eval_step = step_lib.make_eval_step(s.trainer)
+    self.train_step, self.eval_step = steps.train, steps.eval
     self.writer = MetricWriter(workdir, resume_step=begin.step)
     self.profiler = parts.StepProfiler(t.get("profile_steps", 0), t.get("profile_num_steps", 3),
                                        workdir / "profile")

@@ -5,18 +5,21 @@
   rollback = Rollback(ckpt, meta.get("rollback"))
   due = Schedule(log_every, eval_every, checkpoint_every, end_step, evaluating).at(step)
   profiler = StepProfiler(first, count, workdir / "profile")  # train.profile_steps
+  step = Precompiled.of(jitted, *abstract_args, name="train step")  # compiles meanwhile
 
 encoder_jax.train.loop composes them (train_and_evaluate); its docstring states the behaviour
 they add up to. None of them touches the model: they take numbers, steps and a Checkpointer.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
 import tempfile
 import time
 from typing import Callable
 
+from absl import logging
 from etils import epath
 
 import jax
@@ -26,6 +29,51 @@ from encoder_jax import paths
 from encoder_jax.train import flops as flops_lib
 from encoder_jax.train.checkpoint import Checkpointer
 from encoder_jax.train.recovery import Window
+
+
+class Precompiled:
+  """A jitted function whose XLA compilation for one set of argument types has started in a
+  background thread, so that it overlaps the rest of start-up (reading data, initialising or
+  restoring the state, which compiles its own program, and the other step's compilation). XLA
+  compiles with the GIL released: on the 2-core CPU box this took the GPU grids' dry run with an
+  empty compilation cache from 118-121 s to 111.5 s (bench/README.md). On an accelerator host
+  it should hide the evaluation and init compiles behind the train step's (not measured: no
+  accelerator was available).
+
+  Tracing and lowering (`lowered`, done by the caller, on its own thread) see the caller's JAX
+  configuration; only `Lowered.compile` runs in the thread. The first call waits for the
+  compilation. A first call whose arguments the compiled program does not take (their types,
+  shapes or shardings differ from those lowered) falls back to `jitted`, which compiles as
+  usual, and a warning says so; `fell_back` records it (tests check it stays False)."""
+
+  _pool = concurrent.futures.ThreadPoolExecutor(max_workers=2,
+                                                thread_name_prefix="encoder_jax_compile")
+
+  def __init__(self, lowered, jitted: Callable, name: str):
+    self.jitted, self.name, self.fell_back = jitted, name, False
+    self._compiled = None
+    self._future = self._pool.submit(lowered.compile)
+
+  @classmethod
+  def of(cls, jitted: Callable, *abstract_args, name: str) -> Callable:
+    """`jitted` lowered for `abstract_args` and compiling; a function that cannot be lowered
+    (not a jax.jit, e.g. a test's wrapper around one) is returned unchanged."""
+    if not hasattr(jitted, "lower"):
+      return jitted
+    return cls(jitted.lower(*abstract_args), jitted, name)
+
+  def __call__(self, *args):
+    if self._future is None:
+      return (self.jitted if self._compiled is None else self._compiled)(*args)
+    future, self._future = self._future, None
+    try:
+      self._compiled = future.result()
+      return self._compiled(*args)
+    except (TypeError, ValueError) as e:  # arguments unlike those lowered (checked before running)
+      logging.warning("%s: the ahead-of-time compiled program does not take these arguments "
+                      "(%s); compiling for them instead", self.name, str(e).splitlines()[0])
+      self._compiled, self.fell_back = None, True
+      return self.jitted(*args)
 
 
 class NonFiniteError(FloatingPointError):

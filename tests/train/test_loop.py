@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from encoder_jax.train import checkpoint, loop
+from encoder_jax.train import loop_parts as parts
 from encoder_jax.train import step as step_lib
 from encoder_jax.objectives import pretraining
 from encoder_jax.train.metrics_io import Stage
@@ -230,3 +231,37 @@ def test_stage_prints_progress_while_it_lasts(capsys):
   assert lines[0] == "compiling something ..." and lines[-1].startswith(
       "compiling something: done in 0.")
   assert sum(line.startswith("  ... still compiling something") for line in lines) >= 2
+
+
+@pytest.mark.parametrize("masking", ["dynamic", "static"])
+def test_steps_compiled_ahead_take_what_the_loop_passes(env, tmp_path, monkeypatch, masking):
+  """The train and eval steps start compiling before the data and the state exist, from
+  abstract shapes (loop.abstract_batch, the state's shardings); the loop's real batches and
+  state must then be exactly what was compiled for. A mismatch (a batch key, dtype, shape or
+  sharding that batch_spec gets wrong; static masking adds example_id / epoch) would only
+  cost a second compile and a warning, so the test reads `fell_back` instead."""
+  made, real = [], loop._Steps
+  monkeypatch.setattr(loop, "_Steps", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+  config = tiny_config(env, steps=3, log_every=0, eval_every=3, eval_steps=1,
+                       checkpoint_every=0)
+  config.objective.masking = masking
+  summary = loop.train_and_evaluate(config, str(tmp_path))
+  assert summary["steps"] == 3 and np.isfinite(summary["final_eval_loss"])
+  (steps,) = made
+  for fn in (steps.train, steps.eval):
+    assert isinstance(fn, parts.Precompiled) and not fn.fell_back, fn.name
+    assert fn._compiled is not None and fn._future is None  # called, and through the program
+
+
+def test_precompiled_falls_back_to_jit_for_other_arguments_and_passes_wrappers_through():
+  f = jax.jit(lambda x: 2 * x)
+  same = parts.Precompiled.of(f, jax.ShapeDtypeStruct((3,), jnp.float32), name="f")
+  np.testing.assert_array_equal(same(jnp.ones(3)), 2 * np.ones(3))
+  assert not same.fell_back and same._compiled is not None
+  other = parts.Precompiled.of(f, jax.ShapeDtypeStruct((3,), jnp.float32), name="f")
+  np.testing.assert_array_equal(other(jnp.ones(4)), 2 * np.ones(4))  # another shape: jit
+  assert other.fell_back and other._compiled is None
+  np.testing.assert_array_equal(other(jnp.ones(5)), 2 * np.ones(5))
+  wrapper = lambda x: f(x)  # noqa: E731  (a test's wrapper: cannot be lowered)
+  assert parts.Precompiled.of(wrapper, jax.ShapeDtypeStruct((3,), jnp.float32),
+                              name="w") is wrapper
