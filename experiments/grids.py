@@ -148,10 +148,11 @@ def electra_vs_mlm(scale: str = "demo", data_source: str = "") -> Grid:
   discriminator counted), no NSP."""
   if scale == "demo":
     # The main job's recipe as it is (rows of 64 in batches of 16) and its fine-tuning; the
-    # budget is 10,000 MLM steps (10.2M tokens, ~5.5 min of MLM on 2 cores). At 8,000 (the
-    # second run) one of the two ELECTRA seeds ended at 0.95 of its prior (stalled); 10,000 is
-    # what the grid's ~60 minutes allow since the two-level sampler made ELECTRA's step 14%
-    # cheaper. A 2,000-step budget (the first run of this grid) ended every RTD
+    # budget is 8,400 MLM steps (8.6M tokens, ~5.5 min of MLM on 2 cores). At 8,000 (the
+    # second run, before the two-level sampler) one of the two ELECTRA seeds ended at 0.95 of
+    # its prior (stalled); 10,000 (the third) left every arm off its plateau but took 68 min,
+    # and 8,400 fits the grid's hour: 52.9 min, every arm off its plateau (2026-12-03).
+    # A 2,000-step budget (the first run of this grid) ended every RTD
     # discriminator at its prior: ELECTRA alone
     # on this recipe is at 0.96 / 0.94 / 0.92 / 0.90 of its prior's entropy after 1.5k / 3k /
     # 4.5k / 7.5k steps (recall 0.001 -> 0.05; 2026-12-03), so a discriminator needs several
@@ -160,7 +161,7 @@ def electra_vs_mlm(scale: str = "demo", data_source: str = "") -> Grid:
     # each point decays linearly over its own step count. Two pre-training seeds for MLM and
     # ELECTRA (the finding), one for the variants.
     base = {"train.log_every": 100, "train.eval_steps": 64, "train.keep": 1}
-    budget = steps_for_budget_ref("size=tiny,objective=mlm,runlocal", base, steps=10000)
+    budget = steps_for_budget_ref("size=tiny,objective=mlm,runlocal", base, steps=8400)
     size, finetune, seeds = "tiny", _demo_finetune(lr=None), {"mlm": 2, "electra": 2}
   elif scale == "gpu":
     # The gpu recipe; the budget is 400 MLM steps (6.6M tokens, 4.1e14 FLOPs) per point,
