@@ -462,7 +462,7 @@ class _Steps:
   shapes and shardings, and global batches of pipeline.batch_spec's shapes."""
 
   def __init__(self, s: Setup, config, mesh, abstract, state_shardings):
-    self.abstract, self.trainer = abstract, s.trainer
+    self.abstract = abstract
     batch_sh = sharding.batch_sharding(mesh)
     self.batch = abstract_batch(config, batch_sh)
     jitted = step_lib.make_train_step(s.trainer, state_shardings, batch_sh)
