@@ -3,6 +3,8 @@
 #   bash run.sh demo [flags]   the main job: pre-train the demo recipe, fine-tune, compare
 #   bash run.sh test [args]    the test-suite (what CI runs)
 #   bash run.sh python ...     anything else inside the project's virtualenv
+#   bash run.sh tpu ...        the same with the TPU compiler (libtpu) on the path: compiles
+#                              the real step for abstract TPU topologies on this CPU
 # Creates (or reuses) ./.venv and installs the pinned requirements the first time, and again
 # whenever setup.py changes. Set PYTHON to choose the interpreter (default python3.11).
 set -euo pipefail
@@ -22,6 +24,22 @@ ensure_venv() {  # $1: pip extras ("" or "[test]")
   fi
 }
 
+# libtpu, the TPU compiler of `jax[tpu]` at the pinned jax (0.10.2 takes libtpu 0.0.42.*),
+# in its own folder beside the venv: ~0.7 GB that only TPU compiles need. It is put on
+# PYTHONPATH for `run.sh tpu` and for the tests that compile for TPU topologies (they find it
+# through ENCODER_JAX_LIBTPU and skip, saying so, where it is missing).
+LIBTPU_VERSION=0.0.42.1
+LIBTPU_DIR="$VENV/libtpu-$LIBTPU_VERSION"
+case "$LIBTPU_DIR" in /*) ;; *) LIBTPU_DIR="$PWD/$LIBTPU_DIR" ;; esac
+ensure_libtpu() {
+  if [ ! -f "$LIBTPU_DIR/.installed" ]; then
+    echo "installing libtpu==$LIBTPU_VERSION into $LIBTPU_DIR (first run only)..." >&2
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
+      --target "$LIBTPU_DIR" "libtpu==$LIBTPU_VERSION"
+    touch "$LIBTPU_DIR/.installed"
+  fi
+}
+
 case "$what" in
   demo)
     # Pre-train the demo recipe (~8 min on 2 cores), fine-tune its checkpoint, a random init of
@@ -32,10 +50,17 @@ case "$what" in
     exec "$VENV/bin/python" -m encoder_jax.demo --workdir="${DEMO_WORKDIR:-runs/demo}" "$@" ;;
   test)
     ensure_venv "[test]"
-    exec "$VENV/bin/python" -m pytest "$@" ;;
+    ensure_libtpu
+    ENCODER_JAX_LIBTPU="$LIBTPU_DIR" exec "$VENV/bin/python" -m pytest "$@" ;;
+  tpu)
+    ensure_venv "[test]"
+    ensure_libtpu
+    PYTHONPATH="$LIBTPU_DIR${PYTHONPATH:+:$PYTHONPATH}" JAX_PLATFORMS=cpu \
+      ALLOW_MULTIPLE_LIBTPU_LOAD=1 \
+      exec "$VENV/bin/python" "$@" ;;
   python)
     ensure_venv "[test]"
     exec "$VENV/bin/python" "$@" ;;
   *)
-    sed -n '2,8p' "$0" >&2; exit 2 ;;
+    sed -n '2,10p' "$0" >&2; exit 2 ;;
 esac

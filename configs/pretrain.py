@@ -35,13 +35,15 @@ Arguments after ':' are comma-separated key=value pairs (`runlocal` alone means 
              optimizer and the schedule restart (1,000 warm-up steps, linear decay over the
              100k; BERT continued one schedule). The position table must already have 512
              rows in phase 1 (model.max_positions, 512 for every size).   (default 1)
-  precision  fp32 | bf16 | bf16_dots | auto: parameters, gradients and optimizer state stay
+  precision  auto | fp32 | bf16 | bf16_dots: parameters, gradients and optimizer state stay
              float32 in all four. bf16 computes activations and matmuls in bfloat16 (the
              TPU/GPU setting); bf16_dots keeps activations in fp32 and rounds only the matmul
              operands to bf16, accumulating in fp32 (torch's CPU autocast split; the fastest
-             on a CPU with AVX-512 BF16 / AMX: bench/README.md); auto is bf16_dots where the
-             model runs on such a CPU and fp32 elsewhere (decided at start-up, logged)
-                                                          (default fp32; auto with runlocal)
+             on a CPU with AVX-512 BF16 / AMX: bench/README.md); auto is decided for the
+             platform the step is compiled for (train/loop.py resolve_numerics; logged at
+             start-up): bf16 on TPU/GPU, bf16_dots on a CPU with AVX-512 BF16 / AMX, fp32 on
+             other CPUs. fp32 is BERT's own numerics (on a TPU, XLA's default precision still
+             multiplies fp32 operands in bf16 passes)                        (default auto)
 Any leaf can be overridden on the command line: --config.train.steps=100,
 --config.optim.learning_rate=1e-3, --config.model.hidden_dropout=0.0.
 
@@ -102,11 +104,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   args = parse_arg(arg, flags=("runlocal",), size="tiny", objective="mlm", nsp="none", format="",
                    norm="", dropout="", runlocal="False", precision="",
                    phase="1")
-  # pre-LN, no dropout and precision auto are part of the demo recipe (runlocal); BERT's
-  # settings (fp32) otherwise.
+  # pre-LN and no dropout are part of the demo recipe (runlocal); BERT's settings otherwise.
   args["norm"] = args["norm"] or ("pre" if args["runlocal"] == "True" else "post")
   args["dropout"] = args["dropout"] or ("none" if args["runlocal"] == "True" else "bert")
-  args["precision"] = args["precision"] or ("auto" if args["runlocal"] == "True" else "fp32")
+  args["precision"] = args["precision"] or "auto"
   hidden_dropout, attention_dropout = DROPOUTS[_choice("dropout", args["dropout"], DROPOUTS)]
   objective = _choice("objective", args["objective"], OBJECTIVES)
   task = _choice("nsp", args["nsp"], SENTENCE_TASKS)
@@ -135,7 +136,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # dtype of parameters and hence of gradients and optimizer moments; losses are taken in fp32
   # (tests/train/test_bf16.py: losses track fp32's, parameters stay fp32).
   precision = _choice("precision", args["precision"], ("fp32", "bf16", "bf16_dots", "auto"))
-  config.model.dtype = "bfloat16" if precision == "bf16" else "float32"
+  # "auto" (both fields) is resolved by train/loop.py resolve_numerics for the platform the
+  # step is compiled for, so one config is the bf16 program on a pod and the fastest CPU one.
+  config.model.dtype = {"bf16": "bfloat16", "auto": "auto"}.get(precision, "float32")
   config.model.dot_dtype = {"bf16_dots": "bfloat16", "auto": "auto"}.get(precision, "")
 
   config.data = ml_collections.ConfigDict(dict(

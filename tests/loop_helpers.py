@@ -96,7 +96,9 @@ def make_env(base: pathlib.Path) -> dict:
 
 
 def tiny_config(env, **train):
-  config = pretrain.get_config("size=tiny")
+  # fp32 pinned: the default precision=auto takes bf16 matmuls on a CPU with AVX-512 BF16 and
+  # fp32 on one without, and the trainer tests' tolerances must not depend on the host.
+  config = pretrain.get_config("size=tiny,precision=fp32")
   config.model.update(dict(num_layers=1, hidden_size=32, num_heads=2, ffn_size=64,
                            max_positions=32))
   config.data.update(dict(source=env["source"], data_dir=env["data_dir"], max_length=32,

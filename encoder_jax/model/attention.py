@@ -118,7 +118,7 @@ def attention_path(impl: str, dtype, *, dropout_active: bool, backend: str | Non
 def describe_attention(cfg: ModelConfig, backend: str | None = None) -> str:
   """One line for the start-up log: the attention path of the training and evaluation steps,
   and why."""
-  backend = backend or jax.default_backend()
+  backend = backend or cfg.backend
   names = {"explicit": "explicit einsum + fp32 softmax",
            "xla": "jax.nn.dot_product_attention (XLA)",
            "cudnn": "jax.nn.dot_product_attention (cuDNN flash attention)"}
@@ -174,7 +174,8 @@ class MultiHeadAttention(nnx.Module):
     self.dtype = cfg.compute_dtype
     self.attention_impl = cfg.attention_impl
     self.dot_dtype = cfg.dot_dtype
-    self.bf16 = bf16_dots(cfg.dot_dtype, cfg.compute_dtype)
+    self.backend = cfg.backend  # the platform "auto" decides for (ModelConfig.platform)
+    self.bf16 = bf16_dots(cfg.dot_dtype, cfg.compute_dtype, self.backend)
 
   def __call__(self, x_BxTxD: jax.Array, mask_Bx1xTxS: jax.Array, *,
                dropout_rng: jax.Array | None = None,
@@ -204,7 +205,7 @@ class MultiHeadAttention(nnx.Module):
     tests can see which path a jitted step traced)."""
     dropout_active = not self.dropout.deterministic and self.dropout.rate > 0.0
     path = attention_path(self.attention_impl, self.dtype, dropout_active=dropout_active,
-                          dot_dtype=self.dot_dtype)
+                          backend=self.backend, dot_dtype=self.dot_dtype)
     if path == "explicit":
       with jax.named_scope("attention_explicit"):
         return self._explicit_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+import jax
 import jax.numpy as jnp
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
@@ -17,6 +18,7 @@ ATTENTION_IMPLS = ("auto", "xla", "cudnn", "explicit")
 DOT_DTYPES = ("", "bfloat16", "auto")
 POSITION_INITS = ("normal", "sinusoidal")
 POSITION_BIASES = ("none", "alibi")
+PLATFORMS = ("", "cpu", "gpu", "tpu")
 
 
 def dataclass_from_mapping(cls, d: Mapping[str, Any], what: str):
@@ -81,6 +83,11 @@ class ModelConfig:
   # Extra attention bias from relative distance: "none" (BERT) or "alibi" (Press et al. 2022,
   # symmetric for a bidirectional encoder as in MosaicBERT: -slope_n * |i - j| per head n).
   position_bias: str = "none"
+  # The platform the model is compiled for, which every "auto" decided while tracing reads
+  # (attention_impl, dot_dtype): "" = JAX's default backend. The trainer sets it to the
+  # platform it compiles for, so a step compiled ahead of time for a TPU topology on a CPU
+  # host (encoder_jax.train.compile_check) traces the TPU's program, not the host's.
+  platform: str = ""
 
   def __post_init__(self):
     if self.hidden_size % self.num_heads:
@@ -102,6 +109,9 @@ class ModelConfig:
       raise ValueError(
           f"ModelConfig.attention_impl={self.attention_impl!r} (--config.model.attention_impl);"
           f" use one of {ATTENTION_IMPLS}.")
+    if self.platform not in PLATFORMS:
+      raise ValueError(f"ModelConfig.platform={self.platform!r}; use one of {PLATFORMS} "
+                       "('' = JAX's default backend).")
     if self.dot_dtype not in DOT_DTYPES:
       raise ValueError(f"ModelConfig.dot_dtype={self.dot_dtype!r} (--config.model.dot_dtype); "
                        f"use one of {DOT_DTYPES} ('' = the compute dtype).")
@@ -123,6 +133,11 @@ class ModelConfig:
   def embed_size(self) -> int:
     """Width of the embedding tables (embedding_size, or hidden_size when unset)."""
     return self.embedding_size or self.hidden_size
+
+  @property
+  def backend(self) -> str:
+    """The platform "auto" choices are made for: `platform`, or JAX's default backend."""
+    return self.platform or jax.default_backend()
 
   @property
   def compute_dtype(self):

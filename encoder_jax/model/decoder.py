@@ -66,7 +66,8 @@ class CrossAttention(MultiHeadAttention):
     self.dtype = cfg.compute_dtype
     self.attention_impl = cfg.attention_impl
     self.dot_dtype = cfg.dot_dtype
-    self.bf16 = bf16_dots(cfg.dot_dtype, cfg.compute_dtype)
+    self.backend = cfg.backend
+    self.bf16 = bf16_dots(cfg.dot_dtype, cfg.compute_dtype, self.backend)
 
   def __call__(self, x_BxTxD: jax.Array, memory: EncoderOutput, *,
                dropout_rng: jax.Array | None = None) -> jax.Array:

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from encoder_jax.model.activation_sharding import batch_split
 from encoder_jax.model.attention import (AlibiBias, MultiHeadAttention, init_normal,
                                          make_attention_mask)
 from encoder_jax.model.config import ModelConfig
@@ -51,7 +52,7 @@ def layer_norm(cfg: ModelConfig, features: int, *, rngs: nnx.Rngs) -> nnx.LayerN
 def dense(cfg: ModelConfig, din: int, dout: int, axes: tuple[str | None, str | None], *,
           rngs: nnx.Rngs) -> nnx.Linear:
   # The dot is chosen here, once: bf16 with fp32 accumulation where bf16_dots says so.
-  dot = (linear_dot_general if bf16_dots(cfg.dot_dtype, cfg.compute_dtype)
+  dot = (linear_dot_general if bf16_dots(cfg.dot_dtype, cfg.compute_dtype, cfg.backend)
          else jax.lax.dot_general)
   with nnx.use_eager_sharding(False):
     return nnx.Linear(
@@ -130,14 +131,16 @@ class Block(nnx.Module):
 
   def __call__(self, x_BxTxD, mask_Bx1xTxT, dropout_rng=None, bias_BxNxTxT=None):
     drop = lambda y, i: self.dropout(y, rngs=fold_rng(dropout_rng, i))
-    ffn = lambda y: self.ffn_out(activation_fn(self.act)(self.ffn_in(y)))
+    # batch_split: each device computes its own rows under FSDP (activation_sharding.py)
+    ffn = lambda y: self.ffn_out(batch_split(activation_fn(self.act)(self.ffn_in(y))))
+    x_BxTxD = batch_split(x_BxTxD)
     attn = lambda y: self.attn(y, mask_Bx1xTxT, dropout_rng=fold_rng(dropout_rng, 2),
                                bias_BxNxTxS=bias_BxNxTxT)
     if self.norm_first:
-      x_BxTxD = x_BxTxD + drop(attn(self.ln_attn(x_BxTxD)), 0)
-      return x_BxTxD + drop(ffn(self.ln_ffn(x_BxTxD)), 1)
-    x_BxTxD = self.ln_attn(x_BxTxD + drop(attn(x_BxTxD), 0))
-    return self.ln_ffn(x_BxTxD + drop(ffn(x_BxTxD), 1))
+      x_BxTxD = batch_split(x_BxTxD + drop(attn(self.ln_attn(x_BxTxD)), 0))
+      return batch_split(x_BxTxD + drop(ffn(self.ln_ffn(x_BxTxD)), 1))
+    x_BxTxD = batch_split(self.ln_attn(x_BxTxD + drop(attn(x_BxTxD), 0)))
+    return batch_split(self.ln_ffn(x_BxTxD + drop(ffn(x_BxTxD), 1)))
 
 
 @jax.tree_util.register_dataclass
@@ -205,6 +208,7 @@ class Encoder(nnx.Module):
                               dropout_rng=fold_rng(dropout_rng, 0))
     if self.embed_proj is not None:
       x_BxTxD = self.embed_proj(x_BxTxD)
+    x_BxTxD = batch_split(x_BxTxD)
     mask_Bx1xTxT = make_attention_mask(mask_BxT, segment_ids_BxT)
     bias_BxNxTxT = (AlibiBias.from_positions(positions_BxT, cfg.num_heads)
                     if cfg.position_bias == "alibi" else None)
@@ -216,7 +220,7 @@ class Encoder(nnx.Module):
         x_BxTxD = self._remat(type(block).__call__)(block, x_BxTxD, mask_Bx1xTxT,
                                                     fold_rng(layer_rng, i), bias_BxNxTxT)
     if self.final_ln is not None:
-      x_BxTxD = self.final_ln(x_BxTxD)
+      x_BxTxD = batch_split(self.final_ln(x_BxTxD))
     return EncoderOutput(hidden_BxTxD=x_BxTxD, mask_BxT=mask_BxT)
 
   def _remat(self, fn):

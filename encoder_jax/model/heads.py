@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from encoder_jax.model.activation_sharding import batch_split
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.model.dropout import Dropout
 from encoder_jax.model.encoder import activation_fn, dense, layer_norm
@@ -43,7 +44,7 @@ def tied_logits(h_BxTxE: jax.Array, token_embed: nnx.Embed, cfg: ModelConfig) ->
   """fp32 logits over the vocabulary from a decoder tied to the token embedding
   (`token_embed.attend`), through the bf16 fp32-accumulating dot where the model's dots take
   it (encoder_jax.model.matmul.bf16_dots)."""
-  if not bf16_dots(cfg.dot_dtype, cfg.compute_dtype):
+  if not bf16_dots(cfg.dot_dtype, cfg.compute_dtype, cfg.backend):
     return token_embed.attend(h_BxTxE).astype(jnp.float32)
   rows = "abcdfg"[:h_BxTxE.ndim - 1]
   return einsum(f"{rows}e,ve->{rows}v", h_BxTxE, token_embed.embedding[...], bf16=True,
@@ -74,9 +75,9 @@ class MlmHead(nnx.Module):
 
   def __call__(self, hidden_BxTxD, token_embed: nnx.Embed, positions_BxP=None) -> jax.Array:
     if positions_BxP is not None:
-      hidden_BxTxD = gather_positions(hidden_BxTxD, positions_BxP)
+      hidden_BxTxD = batch_split(gather_positions(hidden_BxTxD, positions_BxP))
     h = self.ln(activation_fn(self.act)(self.transform(hidden_BxTxD)))
-    logits = tied_logits(h, token_embed, self.cfg)
+    logits = batch_split(tied_logits(h, token_embed, self.cfg))
     return logits + self.bias[...].astype(jnp.float32).reshape((1,) * (logits.ndim - 1) + (-1,))
 
 

@@ -14,17 +14,20 @@ shapes and dtypes the config's loader yields (`pipeline.batch_spec`). No corpus 
 vocabulary is read (fetched and cached like a run does) for its size.
 
 What works where (jax 0.10.2):
-  * CPU: any mesh over fake host devices; the numbers are XLA:CPU's buffer assignment, a good
-    proxy for argument/parameter bytes, a rough one for temporaries (TPU/GPU fusion differs).
-  * TPU without a TPU: in a separate venv with `jax[tpu]==0.10.2` (libtpu),
-    --tpu_topology=v4:2x2x1 builds the mesh on
-    `jax.experimental.topologies.get_topology_desc(platform="tpu", topology_name=...)` devices.
-    Needs libtpu; not exercised in CI.
+  * TPU without a TPU: `bash run.sh tpu python -m encoder_jax.train.compile_check
+    --tpu_topology=v5e:4x4 ...` (run.sh puts libtpu, the TPU compiler of `jax[tpu]==0.10.2`,
+    on the path) builds the mesh on `jax.experimental.topologies.get_topology_desc(
+    platform="tpu", topology_name=...)` devices, and every "auto" in config.model resolves for
+    the TPU (loop.model_config): the printed program is the pod's. CI compiles BERT-base and
+    ELECTRA-base this way (bench/tpu_aot.py --rows=ci); tests/tpu/ checks the program.
+  * CPU: any mesh over fake host devices (the CPU's program: fp32 or bf16 dots, unrolled
+    layers); memory is XLA:CPU's buffer assignment, a proxy for the TPU's at best.
   * GPU: compile on a GPU host (no abstract GPU topology in jax 0.10).
 """
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 
@@ -40,9 +43,11 @@ flags.DEFINE_integer("fake_devices", 8, "Fake CPU devices to create (0: use the 
 flags.DEFINE_string("tpu_topology", None, "Compile for an abstract TPU topology, e.g. "
                     "v4:2x2x1 (needs jax[tpu] / libtpu).")
 flags.DEFINE_bool("table", False, "Also print the sharding of every parameter.")
-flags.DEFINE_enum("platform", "tpu", ["tpu", "gpu", "cpu"], "The platform the checked run will "
-                  "train on: model.scan_layers/remat_policy=auto take its layout (tpu, gpu: "
-                  "scanned layers with dots remat; cpu: unrolled, no remat; configs/pretrain.py).")
+flags.DEFINE_enum("platform", None, ["tpu", "gpu", "cpu"], "The platform whose choices every "
+                  "'auto' in config.model takes (layer layout, remat, compute dtype, dot dtype, "
+                  "attention path; train/loop.py model_config). Default: the devices' own, "
+                  "which is the only faithful choice: the TPU's program comes from "
+                  "--tpu_topology, not from --platform=tpu on CPU devices.")
 
 
 def compile_train_step(config, devices=None, platform: str | None = None):
@@ -53,13 +58,10 @@ def compile_train_step(config, devices=None, platform: str | None = None):
 
   from encoder_jax.train import loop, sharding, step as step_lib
 
-  s = loop.build(config, platform)
   if devices is None:
-    mesh = sharding.mesh_from_config(config.get("mesh", "auto"))
-  else:
-    spec = config.get("mesh", "auto")
-    mesh = sharding.make_mesh((-1, 1, 1) if spec == "auto" else
-                              tuple(int(x) for x in spec.split(",")), devices)
+    devices = jax.devices()
+  s = loop.build(config, platform or devices[0].platform)
+  mesh = sharding.mesh_from_config(config.get("mesh", "auto"), devices)
   abstract = jax.eval_shape(s.init_fn)
   state_shardings = sharding.state_shardings(abstract, mesh)
   state_in = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
@@ -70,6 +72,70 @@ def compile_train_step(config, devices=None, platform: str | None = None):
   t0 = time.perf_counter()
   compiled = train_step.lower(state_in, batch_in).compile()
   return compiled, s, state_shardings, abstract, mesh, time.perf_counter() - t0
+
+
+_COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all",
+                "collective-permute")
+
+
+def collectives(hlo_text: str) -> dict[str, int]:
+  """How many of each collective op the compiled (optimised, partitioned) HLO holds, async
+  start/done pairs counted once. What the mesh should produce: data/FSDP parallelism an
+  all-reduce (or reduce-scatter) of the gradients, FSDP all-gathers of the parameters,
+  tensor parallelism all-reduces of activations."""
+  counts = {}
+  for op in _COLLECTIVES:
+    # "= f32[..] all-reduce(" or "all-reduce-start(": an op's name follows the result shape.
+    n = len(re.findall(rf"\s{op}(?:-start)?\(", hlo_text))
+    if n:
+      counts[op] = n
+  return counts
+
+
+def analyze(compiled) -> dict[str, float]:
+  """Per-device memory (XLA's buffer assignment), the compiler's cost model (`flops`, `bytes
+  accessed` and, on TPU, `optimal_seconds`: XLA's own estimate of the step's time, a
+  prediction, never a measurement) and the collectives of a compiled step."""
+  out: dict[str, float] = {}
+  mem = compiled.memory_analysis()
+  if mem is not None:
+    out.update(argument_bytes=mem.argument_size_in_bytes, output_bytes=mem.output_size_in_bytes,
+               temp_bytes=mem.temp_size_in_bytes, alias_bytes=mem.alias_size_in_bytes,
+               # live at the peak: inputs + temporaries + outputs that do not reuse a donated
+               # input's buffer
+               peak_bytes=(mem.argument_size_in_bytes + mem.temp_size_in_bytes
+                           + mem.output_size_in_bytes - mem.alias_size_in_bytes))
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):  # older jax: one dict per computation
+    cost = cost[0] if cost else {}
+  for key, name in (("flops", "xla_flops"), ("bytes accessed", "bytes_accessed"),
+                    ("optimal_seconds", "optimal_seconds")):
+    if cost and key in cost:
+      out[name] = float(cost[key])
+  hlo = compiled.as_text()
+  if "optimal_seconds" in out:
+    # XLA's TPU cost model prices each ConcatBitcast custom call (a free concatenation of
+    # async slices) at exactly -1 s: a step holding k of them reads -k + its real estimate.
+    # Add them back; anything still <= 0 is no estimate at all.
+    out["optimal_seconds"] += hlo.count('custom_call_target="ConcatBitcast"')
+    if out["optimal_seconds"] <= 0:
+      del out["optimal_seconds"]
+  out.update({f"n_{k.replace('-', '_')}": v for k, v in collectives(hlo).items()})
+  return out
+
+
+def describe_program(model_cfg) -> str:
+  """One line: what the compiled step is (dtype, matmul path, layers, remat, attention)."""
+  from encoder_jax.model.attention import attention_path
+  from encoder_jax.model.matmul import bf16_dots
+  drop = model_cfg.attention_dropout > 0
+  attn = attention_path(model_cfg.attention_impl, model_cfg.dtype, dropout_active=drop,
+                        backend=model_cfg.backend, dot_dtype=model_cfg.dot_dtype)
+  dots = ("bf16 operands, fp32 accumulation" if bf16_dots(
+      model_cfg.dot_dtype, model_cfg.dtype, model_cfg.backend) else model_cfg.dtype)
+  return (f"for {model_cfg.backend}: activations {model_cfg.dtype}, matmuls {dots}, "
+          f"{'scanned' if model_cfg.scan_layers else 'unrolled'} layers, remat "
+          f"{model_cfg.remat_policy}, training attention {attn}")
 
 
 def main(argv):
@@ -86,19 +152,25 @@ def main(argv):
   config = FLAGS.config
   compiled, s, shardings, abstract, mesh, secs = compile_train_step(config, devices,
                                                                     FLAGS.platform)
-  mem = compiled.memory_analysis()
+  a = analyze(compiled)
   gib = lambda b: f"{b / 2**30:.3f} GiB"
   dims = dict(mesh.shape)
   print(f"{config.size} {s.obj.objective} ({s.obj.sentence_task}) batch "
-        f"{config.data.batch_size}x{config.data.max_length} dtype {s.model_cfg.dtype} "
-        f"{'scanned' if s.model_cfg.scan_layers else 'unrolled'} layers ({FLAGS.platform}'s), "
-        f"remat {s.model_cfg.remat_policy} mesh(data,fsdp,tensor)=({dims['data']},{dims['fsdp']},"
-        f"{dims['tensor']}) on {mesh.devices.size} {mesh.devices.flat[0].platform} devices: "
-        f"compiled in {secs:.1f}s")
-  if mem is not None:
-    print(f"per device: arguments {gib(mem.argument_size_in_bytes)}, outputs "
-          f"{gib(mem.output_size_in_bytes)}, temporaries {gib(mem.temp_size_in_bytes)}, "
-          f"aliased (donated) {gib(mem.alias_size_in_bytes)}")
+        f"{config.data.batch_size}x{config.data.max_length}, mesh(data,fsdp,tensor)=("
+        f"{dims['data']},{dims['fsdp']},{dims['tensor']}) on {mesh.devices.size} "
+        f"{mesh.devices.flat[0].device_kind} devices: compiled in {secs:.1f}s")
+  print(f"program {describe_program(s.model_cfg)}")
+  if "argument_bytes" in a:
+    print(f"per device: arguments {gib(a['argument_bytes'])}, outputs {gib(a['output_bytes'])}"
+          f", temporaries {gib(a['temp_bytes'])}, aliased (donated) {gib(a['alias_bytes'])}")
+  if "xla_flops" in a:
+    print(f"XLA cost model (an estimate), per device: {a['xla_flops']:.3e} FLOPs "
+          f"(our analytic count {s.flops_per_step / mesh.devices.size:.3e}), "
+          f"{a.get('bytes_accessed', 0):.3e} bytes accessed"
+          + (f", optimal_seconds {a['optimal_seconds']:.4f} (the compiler's estimate of the "
+             "step time)" if "optimal_seconds" in a else ""))
+  coll = {k[2:]: v for k, v in a.items() if k.startswith("n_")}
+  print(f"collectives: {coll or 'none'}")
   if FLAGS.table:
     rows = sh.describe({"params": shardings.params}, {"params": abstract.params})
     width = max(len(r[0]) for r in rows)

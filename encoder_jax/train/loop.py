@@ -166,13 +166,31 @@ def settle_layers(config: ml_collections.ConfigDict, workdir=None,
   m.remat_policy = remat
 
 
+def resolve_numerics(dtype: str, backend: str | None = None) -> str:
+  """`model.dtype` as ModelConfig takes it, for `backend` (default: JAX's). "auto"
+  (configs/pretrain.py precision=auto): bfloat16 activations and matmuls on TPU/GPU, where
+  the MXU / tensor cores take bf16 operands and bf16 activations halve the HBM traffic;
+  float32 on CPU, where model.dot_dtype="auto" then rounds only the matmul operands to bf16
+  on a CPU with AVX-512 BF16 / AMX (encoder_jax.model.matmul: XLA:CPU's bf16-result dots are
+  slower than fp32). Parameters, gradients and optimizer state stay model.param_dtype."""
+  if _is_auto(dtype):
+    return "float32" if (backend or jax.default_backend()) == "cpu" else "bfloat16"
+  return dtype
+
+
 def model_config(config: ml_collections.ConfigDict, vocab_size: int,
                  backend: str | None = None) -> ModelConfig:
-  """The frozen ModelConfig of `config.model`, with the tokenizer's vocabulary size and the
-  layer layout resolved for `backend` (`resolve_layers`)."""
+  """The frozen ModelConfig of `config.model`, with the tokenizer's vocabulary size and every
+  "auto" resolved for `backend` (default: JAX's): the layer layout (`resolve_layers`), the
+  compute dtype (`resolve_numerics`), and -- through ModelConfig.platform -- the attention path
+  and dot dtype the layers pick while tracing. So a step lowered on a CPU host for a TPU
+  topology (compile_check, bench/tpu_aot.py) is the TPU's program."""
+  backend = backend or jax.default_backend()
   d = config.model.to_dict()
   d["scan_layers"], d["remat_policy"] = resolve_layers(d["scan_layers"], d["remat_policy"],
                                                        backend)
+  d["dtype"] = resolve_numerics(d["dtype"], backend)
+  d["platform"] = backend
   d["embedding_size"] = d.get("embedding_size") or None  # 0 in the ConfigDict means "= d"
   if d.get("vocab_size", vocab_size) != vocab_size:
     logging.info("model.vocab_size=%s replaced by the tokenizer's %d", d["vocab_size"],
@@ -278,8 +296,8 @@ class Setup:
 
 
 def build(config: ml_collections.ConfigDict, backend: str | None = None) -> Setup:
-  """The run's static pieces; `backend` (default JAX's) is the platform whose layer layout an
-  unsettled "auto" in config.model takes (`resolve_layers`)."""
+  """The run's static pieces; `backend` (default JAX's) is the platform the step is compiled
+  for, whose choices every unsettled "auto" in config.model takes (`model_config`)."""
   check_train_config(config)
   # The same (cached) tokenizer the loaders use: WordPieceTokenizer.load builds it once.
   tok = WordPieceTokenizer.load(resolve_vocab(config.data.vocab, config.data.cache_dir or None))

@@ -23,8 +23,9 @@ from absl import logging
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from encoder_jax.model.activation_sharding import BATCH_AXES  # one definition, used by both
+
 MESH_AXES = ("data", "fsdp", "tensor")
-BATCH_AXES = ("data", "fsdp")
 # logical name -> mesh axis. FSDP shards the model dimension of every matrix; tensor
 # parallelism shards heads, FFN width and the vocabulary (Megatron-style column/row splits).
 RULES: tuple[tuple[str, str | None], ...] = (
@@ -62,25 +63,28 @@ def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices=None) -> Mesh:
   return Mesh(np.asarray(devices).reshape(dims), MESH_AXES)
 
 
-def mesh_from_config(spec: str) -> Mesh:
-  """`config.mesh`: "auto" or "data,fsdp,tensor" (one entry may be -1).
+def mesh_from_config(spec: str, devices=None) -> Mesh:
+  """`config.mesh` over `devices` (default: jax.devices()): "auto" or "data,fsdp,tensor" (one
+  entry may be -1).
 
   "auto": every device data-parallel on accelerators (TPU/GPU); on CPU one device per
   process, data-parallel across processes (a process's further CPU devices are only the
   tests' fake ones sharing its cores).
   """
+  devices = jax.devices() if devices is None else list(devices)
   if spec == "auto":
-    if jax.default_backend() == "cpu":
-      firsts = [min((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)
-                for p in range(jax.process_count())]
+    if devices[0].platform == "cpu":
+      procs = sorted({d.process_index for d in devices})
+      firsts = [min((d for d in devices if d.process_index == p), key=lambda d: d.id)
+                for p in procs]
       return make_mesh((len(firsts), 1, 1), devices=firsts)
-    return make_mesh((-1, 1, 1))
+    return make_mesh((-1, 1, 1), devices)
   try:
     shape = tuple(int(x) for x in spec.split(","))
   except ValueError:
     raise ValueError(f"config.mesh={spec!r}: use 'auto' or 'data,fsdp,tensor' sizes such as "
                      "'1,-1,2'.") from None
-  return make_mesh(shape)
+  return make_mesh(shape, devices)
 
 
 def logical_to_mesh(logical: P, shape: Sequence[int], mesh: Mesh,

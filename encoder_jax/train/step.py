@@ -55,7 +55,7 @@ def create(cfg: ModelConfig, obj: ObjectiveConfig, tx: optax.GradientTransformat
   computation the training and evaluation steps will trace, and why (model.attention_path).
   """
   logging.info("%s", describe_attention(cfg))
-  logging.info("%s", describe_dots(cfg.dot_dtype, cfg.dtype))
+  logging.info("%s", describe_dots(cfg.dot_dtype, cfg.dtype, cfg.backend))
   logging.info("layers: %s, remat %s (model.scan_layers / model.remat_policy)",
                "scanned" if cfg.scan_layers else "unrolled", cfg.remat_policy)
   abstract = nnx.eval_shape(lambda: build_model(cfg, obj, rngs=nnx.Rngs(seed)))
@@ -91,10 +91,21 @@ def train_loss(tr: Trainer, params, step: jax.Array, batch
 
 
 def make_train_step(tr: Trainer, state_shardings=None, batch_shardings=None):
-  """jit(state, batch) -> (state, metrics), donating the old state."""
+  """jit(state, batch) -> (state, metrics), donating the old state.
+
+  With shardings, the step traces under their mesh (as an abstract mesh), so the model's
+  activations keep the batch split over the batch axes (model/activation_sharding.py)."""
+  mesh = None
+  if state_shardings is not None:
+    mesh = next(s.mesh for s in jax.tree.leaves(state_shardings) if hasattr(s, "mesh"))
+
   def train_step(state: TrainState, batch):
     loss_fn = lambda params: train_loss(tr, params, state.step, batch)
-    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    if mesh is not None:
+      with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    else:
+      (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = tr.tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics["grad_norm"] = optax.tree.norm(grads)

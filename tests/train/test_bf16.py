@@ -54,12 +54,14 @@ def test_bf16_tracks_fp32_and_stores_fp32(env, tmp_path, precision, fp32_losses)
 
 def test_precision_presets():
   model = lambda arg: pretrain.get_config(arg).model
-  assert (model("size=tiny").dtype, model("size=tiny").dot_dtype) == ("float32", "")
+  # auto (the default) is resolved for the platform compiled for (tests/tpu/): bf16 on TPU/GPU
+  assert (model("size=tiny").dtype, model("size=tiny").dot_dtype) == ("auto", "auto")
+  assert (model("precision=fp32").dtype, model("precision=fp32").dot_dtype) == ("float32", "")
   assert (model("precision=bf16").dtype, model("precision=bf16").dot_dtype) == ("bfloat16", "")
   assert model("precision=bf16_dots").dot_dtype == "bfloat16"
   assert model("precision=bf16_dots").dtype == "float32"
   # The demo recipe picks bf16 dots where the CPU multiplies bf16 (model.matmul.bf16_dots).
-  assert (model("runlocal").dtype, model("runlocal").dot_dtype) == ("float32", "auto")
+  assert (model("runlocal").dtype, model("runlocal").dot_dtype) == ("auto", "auto")
   assert model("runlocal,precision=fp32").dot_dtype == ""
   with pytest.raises(ValueError, match="precision"):
     model("precision=fp16")

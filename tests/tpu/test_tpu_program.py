@@ -1,0 +1,136 @@
+"""The step compiled for a TPU topology is the TPU's program, not the CPU host's.
+
+Every "auto" in a config (layer layout, remat, compute dtype, dot dtype, attention path) is
+resolved for the platform the step is compiled for (train/loop.py model_config). The unit
+tests check the resolution without a TPU compiler; the compile tests build abstract TPU
+devices with libtpu (`bash run.sh test` installs it and names its folder in
+ENCODER_JAX_LIBTPU) and inspect the compiled HLO, in a subprocess whose PYTHONPATH holds
+libtpu (the suite's own processes stay CPU-only).
+"""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from configs import pretrain
+from encoder_jax.model.attention import attention_path
+from encoder_jax.model.matmul import bf16_dots
+from encoder_jax.train import loop
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+LIBTPU = os.environ.get("ENCODER_JAX_LIBTPU", "")
+
+
+def _cfg(arg, backend):
+  config = pretrain.get_config(arg)
+  return loop.model_config(config, 8192, backend)
+
+
+@pytest.mark.parametrize("backend", ["tpu", "gpu"])
+def test_auto_resolves_for_the_accelerator_named_not_the_host(backend):
+  cfg = _cfg("size=base,dropout=none", backend)  # the host running this is a CPU
+  assert (cfg.platform, cfg.dtype, cfg.scan_layers, cfg.remat_policy) == (
+      backend, "bfloat16", True, "dots")
+  assert not bf16_dots(cfg.dot_dtype, cfg.dtype, cfg.backend)  # native bf16 dots there
+  path = attention_path(cfg.attention_impl, cfg.dtype, dropout_active=False,
+                        backend=cfg.backend, dot_dtype=cfg.dot_dtype)
+  assert path == ("cudnn" if backend == "gpu" else "xla")
+
+
+def test_auto_on_cpu_keeps_fp32_activations_and_the_unrolled_layout():
+  cfg = _cfg("size=base", "cpu")
+  assert (cfg.platform, cfg.dtype, cfg.scan_layers, cfg.remat_policy) == (
+      "cpu", "float32", False, "none")
+
+
+def test_explicit_choices_are_not_overridden_by_the_platform():
+  cfg = _cfg("size=base,precision=fp32", "tpu")
+  assert cfg.dtype == "float32" and cfg.dot_dtype == ""
+  cfg = _cfg("size=base,precision=bf16_dots", "tpu")
+  assert cfg.dtype == "float32" and bf16_dots(cfg.dot_dtype, cfg.dtype, cfg.backend)
+
+
+def test_the_layers_trace_the_platform_of_their_config(monkeypatch):
+  """The attention layer asks its config's platform, not jax.default_backend(): a model built
+  for "gpu" in bf16 traces the cuDNN path here on a CPU host (where cuDNN then fails to
+  lower, which is the point: the choice was the GPU's)."""
+  from encoder_jax.model import attention
+  seen = []
+  real = attention.attention_path
+  monkeypatch.setattr(attention, "attention_path",
+                      lambda *a, **k: seen.append(k["backend"]) or real(*a, **k))
+  import jax.numpy as jnp
+  from flax import nnx
+  from encoder_jax.model.config import ModelConfig
+  mha = attention.MultiHeadAttention(
+      ModelConfig(hidden_size=16, num_heads=2, platform="tpu", dtype="bfloat16"),
+      rngs=nnx.Rngs(0))
+  mha(jnp.ones((1, 4, 16)), jnp.ones((1, 1, 4, 4), bool))
+  assert seen == ["tpu"]
+
+
+# --------------------------------------------------------------- compiled with libtpu
+
+_SCRIPT = r"""
+import json, re, sys
+import jax
+from jax.experimental import topologies
+from configs import pretrain
+from encoder_jax.train import compile_check as cc
+config = pretrain.get_config(sys.argv[1])
+config.data.vocab = "demo"  # committed with the package: no fetch
+config.data.batch_size = 32
+devices = topologies.get_topology_desc(platform="tpu", topology_name=sys.argv[2]).devices
+compiled, s, _, _, mesh, secs = cc.compile_train_step(config, devices)
+hlo = compiled.as_text()
+dots = re.findall(r"= (\w+)\[[^\]]*\][^ ]* (?:convolution|dot)\(", hlo)
+a = cc.analyze(compiled)
+print(json.dumps(dict(
+    kind=devices[0].device_kind, platform=s.model_cfg.platform, dtype=s.model_cfg.dtype,
+    scan=s.model_cfg.scan_layers, remat=s.model_cfg.remat_policy,
+    program=cc.describe_program(s.model_cfg), dots=dots, while_loops=hlo.count(" while("),
+    explicit="attention_explicit" in hlo, xla_attention="attention_xla" in hlo,
+    mesh=dict(mesh.shape), analysis=a, secs=secs)))
+"""
+
+
+def _compile(arg, topology):
+  if not LIBTPU or not pathlib.Path(LIBTPU, "libtpu").is_dir():
+    pytest.skip("libtpu is not installed: run the suite with `bash run.sh test`, which "
+                "installs it (pip: libtpu==0.0.42.1, the TPU compiler of jax[tpu]==0.10.2) "
+                "and sets ENCODER_JAX_LIBTPU")
+  # ALLOW_MULTIPLE_LIBTPU_LOAD: libtpu otherwise takes a machine-wide lock file, and a
+  # compile-only process needs no exclusive TPU.
+  env = dict(os.environ, PYTHONPATH=f"{LIBTPU}:{ROOT}", JAX_PLATFORMS="cpu",
+             ALLOW_MULTIPLE_LIBTPU_LOAD="1",
+             XLA_FLAGS="")  # the suite's fake-CPU-device flags mean nothing to a TPU compile
+  proc = subprocess.run([sys.executable, "-c", _SCRIPT, arg, topology], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_default_config_compiles_to_the_bf16_scanned_tpu_program():
+  """configs/pretrain.py with no arguments, compiled for a v5e slice from this CPU: bf16
+  activations and matmuls, scanned layers with dots remat, BERT's attention dropout on the
+  explicit path; the HLO's matmuls are bf16 x bf16 and the layers are one while loop."""
+  r = _compile("", "v5e:2x2")
+  assert r["kind"] == "TPU v5 lite" and r["platform"] == "tpu"
+  assert (r["dtype"], r["scan"], r["remat"]) == ("bfloat16", True, "dots")
+  bf16 = sum(d == "bf16" for d in r["dots"])
+  # Only the losses' fp32 logits may be fp32 results; the layers' matmuls are bf16.
+  assert bf16 >= 0.75 * len(r["dots"]) and bf16 >= 10, r["dots"]
+  assert r["while_loops"] >= 2  # the scanned blocks, forward and backward
+  assert r["explicit"]  # attention dropout 0.1 (BERT) needs the probabilities
+  assert r["mesh"] == {"data": 4, "fsdp": 1, "tensor": 1}  # auto: data-parallel on TPU
+  assert r["analysis"]["n_all_reduce"] >= 1  # the gradients' all-reduce over 4 chips
+  assert 0 < r["analysis"]["optimal_seconds"] < 1.0
+
+
+def test_without_attention_dropout_the_tpu_step_uses_fused_attention():
+  r = _compile("dropout=none", "v4:2x2x1")
+  assert r["kind"] == "TPU v4" and r["dtype"] == "bfloat16"
+  assert not r["explicit"] and r["xla_attention"], r["program"]
