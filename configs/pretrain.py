@@ -22,10 +22,12 @@ Arguments after ':' are comma-separated key=value pairs (`runlocal` alone means 
              no_attention: hidden 0.1, attention 0 (MosaicBERT's choice, for its fused
                kernel);
              none: no dropout (Cramming; ModernBERT's defaults; the demo recipe).
-             With attention dropout 0 training uses jax.nn.dot_product_attention, which
-             model.attention_impl=auto (the default) runs with cuDNN flash attention on a GPU
-             in bf16/fp16 (precision=bf16) and with XLA elsewhere. The trainer
-             logs the path its step uses at start-up.
+             With attention dropout 0 training uses a fused attention, which
+             model.attention_impl=auto (the default) runs as cuDNN flash attention on a GPU
+             in bf16/fp16, as the Pallas TPU flash-attention kernel on a TPU (rows a
+             multiple of 128; it has no dropout, hence no_attention for it) and as XLA's
+             jax.nn.dot_product_attention elsewhere. The trainer logs the path its step uses
+             at start-up.
   runlocal   the demo recipe for a 2-core CPU (see `runlocal` below): leaves the unigram
              plateau in minutes
   phase      1 | 2: BERT's two phases (Devlin et al. 2019, A.2; the google-research/bert

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from absl import logging
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.model.dropout import Dropout
@@ -40,6 +41,28 @@ def make_attention_mask(mask_BxT: jax.Array,
                                           mask_BxT.shape[1]))
   same_Bx1xTxS = segment_ids_BxT[:, None, :, None] == segment_ids_BxT[:, None, None, :]
   return same_Bx1xTxS & keys_Bx1x1xS
+
+
+@flax.struct.dataclass
+class KeyMask:
+  """The encoder's self-attention mask kept factored: key padding [and packed segment ids].
+
+  `full()` is `make_attention_mask`'s [B, 1, T, T] boolean; `segments()` the [B, T] int32 ids
+  a flash-attention kernel takes (0 at padding, the packed example's id or 1 elsewhere: a
+  query sees exactly the keys of its own id, so valid queries see what the full mask lets
+  them see). The encoder passes this form to its layers only where the attention may run
+  the Pallas kernel (`Encoder`), so the other paths build the full mask once, as before.
+  """
+  mask_BxT: jax.Array
+  segment_ids_BxT: jax.Array | None = None
+
+  def full(self) -> jax.Array:
+    return make_attention_mask(self.mask_BxT, self.segment_ids_BxT)
+
+  def segments(self) -> jax.Array:
+    ids = (jnp.ones(self.mask_BxT.shape, jnp.int32) if self.segment_ids_BxT is None
+           else self.segment_ids_BxT.astype(jnp.int32))
+    return jnp.where(self.mask_BxT.astype(bool), ids, 0)
 
 
 def alibi_slopes(num_heads: int) -> jax.Array:
@@ -92,14 +115,15 @@ _warned: set[str] = set()
 
 def attention_path(impl: str, dtype, *, dropout_active: bool, backend: str | None = None,
                    dot_dtype: str = "") -> str:
-  """The attention computation a layer runs: "explicit" | "xla" | "cudnn".
+  """The attention computation a layer runs: "explicit" | "xla" | "cudnn" | "pallas".
 
   `impl` is ModelConfig.attention_impl, `dtype` the compute dtype, `dropout_active` whether
   attention-probability dropout is on (train mode and attention_dropout > 0), `backend` jax's
   default backend unless given. Dropout on the probabilities needs them, and the fused call
   does not expose them: "explicit" then, whatever `impl` says. "auto" is cuDNN on GPU in
-  bf16/fp16 (cuDNN flash attention has no fp32 kernel) and XLA elsewhere; a "cudnn" chosen by
-  "auto" still falls back to XLA at trace time where jax rejects the shapes (with a warning).
+  bf16/fp16 (cuDNN flash attention has no fp32 kernel), the Pallas TPU flash attention kernel
+  on TPU, and XLA elsewhere; a "cudnn" or "pallas" chosen by "auto" still falls back to XLA at
+  trace time where the kernel cannot take the shapes or mask (with a warning).
   Where the model's dots take the bf16 fp32-accumulating path on CPU (matmul.bf16_dots),
   "auto" is "explicit", whose two einsums take that path (the fused call's would not).
   """
@@ -112,7 +136,15 @@ def attention_path(impl: str, dtype, *, dropout_active: bool, backend: str | Non
     return "explicit"
   if backend == "gpu":
     return "cudnn" if jnp.dtype(dtype) in _HALF else "xla"
+  if backend == "tpu":
+    return "pallas"
   return _AUTO_OFF_GPU
+
+
+def may_use_pallas(impl: str, backend: str) -> bool:
+  """Whether a layer with this attention_impl on `backend` may run the Pallas kernel, which
+  needs the factored mask (KeyMask)."""
+  return impl == "pallas" or (impl == "auto" and backend == "tpu")
 
 
 def describe_attention(cfg: ModelConfig, backend: str | None = None) -> str:
@@ -121,7 +153,8 @@ def describe_attention(cfg: ModelConfig, backend: str | None = None) -> str:
   backend = backend or cfg.backend
   names = {"explicit": "explicit einsum + fp32 softmax",
            "xla": "jax.nn.dot_product_attention (XLA)",
-           "cudnn": "jax.nn.dot_product_attention (cuDNN flash attention)"}
+           "cudnn": "jax.nn.dot_product_attention (cuDNN flash attention)",
+           "pallas": "Pallas TPU flash attention (jax.experimental.pallas.ops.tpu)"}
   dtype = jnp.dtype(cfg.dtype).name
   why = f"attention_impl={cfg.attention_impl} on {backend} in {dtype}"
   drop = cfg.attention_dropout > 0
@@ -141,7 +174,71 @@ def describe_attention(cfg: ModelConfig, backend: str | None = None) -> str:
     line += f"; evaluation uses {names[evaluate]} ({why})"
   if "cudnn" in (train, evaluate) and cfg.attention_impl == "auto":
     line += "; XLA where jax rejects the shapes for cuDNN (a warning says so)"
+  if "pallas" in (train, evaluate) and cfg.attention_impl == "auto":
+    line += "; XLA where the rows are not a multiple of 128 tokens (a warning says so)"
   return line
+
+
+def _warn_once(msg: str) -> None:
+  if msg not in _warned:
+    _warned.add(msg)
+    logging.warning(msg)
+
+
+# The kernel's tiles: its key blocks must be multiples of 128 lanes, and its default blocks
+# are 128 x 128, so rows are taken in multiples of 128 tokens.
+_PALLAS_BLOCK = 128
+
+
+def pallas_unsupported(q_shape, k_shape, mask) -> str | None:
+  """Why the Pallas TPU kernel cannot take this attention, or None."""
+  if not isinstance(mask, KeyMask):
+    return "it needs the encoder's factored key mask, not a dense one (decoder masks)"
+  if q_shape[1] % _PALLAS_BLOCK or k_shape[1] % _PALLAS_BLOCK:
+    return (f"rows of {q_shape[1]} queries / {k_shape[1]} keys are not a multiple of "
+            f"{_PALLAS_BLOCK} tokens")
+  return None
+
+
+def pallas_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, segments_BxT, bias_BxNxTxS=None):
+  """softmax(q k^T / sqrt(H) + bias) v over keys of the query's own segment, by the Pallas
+  TPU flash attention kernel (jax.experimental.pallas.ops.tpu.flash_attention): the [T, S]
+  probabilities are never written to HBM, forward or backward.
+
+  A pallas_call is a custom call the SPMD partitioner cannot split, so under a mesh (the train
+  step traces under one, model/activation_sharding.py) it runs in `jax.shard_map`: each
+  device its own rows (batch axes) and, where the head count divides, its own heads
+  ('tensor'); nothing crosses devices inside attention. Without a mesh it runs as is.
+  """
+  from jax.experimental.pallas.ops.tpu import flash_attention as fa
+
+  from encoder_jax.model.activation_sharding import BATCH_AXES
+
+  to_bnth = lambda a: jnp.transpose(a, (0, 2, 1, 3))
+  # The kernel scales (q k^T + bias) by sm_scale; scaling q instead leaves the bias unscaled.
+  scale = 1.0 / float(q_BxTxNxH.shape[-1]) ** 0.5
+  q = to_bnth(q_BxTxNxH * jnp.asarray(scale, q_BxTxNxH.dtype))
+  k, v = to_bnth(k_BxSxNxH), to_bnth(v_BxSxNxH)
+  ab = None if bias_BxNxTxS is None else jnp.broadcast_to(
+      bias_BxNxTxS, (q.shape[0], q.shape[1], q.shape[2], k.shape[2])).astype(jnp.float32)
+
+  def kernel(q, k, v, seg, ab):
+    return fa.flash_attention(q, k, v, ab=ab, segment_ids=fa.SegmentIds(seg, seg))
+
+  mesh = jax.sharding.get_abstract_mesh()
+  if not mesh.empty and set(BATCH_AXES) <= set(mesh.axis_names):
+    rows = 1
+    for axis in BATCH_AXES:
+      rows *= mesh.shape[axis]
+    batch = BATCH_AXES if q.shape[0] % rows == 0 else None
+    heads = ("tensor" if "tensor" in mesh.axis_names and q.shape[1] % mesh.shape["tensor"] == 0
+             else None)
+    spec4, spec2 = P(batch, heads, None, None), P(batch, None)
+    kernel = jax.shard_map(kernel, mesh=mesh, check_vma=False,
+                           in_specs=(spec4, spec4, spec4, spec2, None if ab is None else spec4),
+                           out_specs=spec4)
+  out = kernel(q, k, v, segments_BxT, ab)
+  return to_bnth(out)
 
 
 class MultiHeadAttention(nnx.Module):
@@ -177,9 +274,10 @@ class MultiHeadAttention(nnx.Module):
     self.backend = cfg.backend  # the platform "auto" decides for (ModelConfig.platform)
     self.bf16 = bf16_dots(cfg.dot_dtype, cfg.compute_dtype, self.backend)
 
-  def __call__(self, x_BxTxD: jax.Array, mask_Bx1xTxS: jax.Array, *,
+  def __call__(self, x_BxTxD: jax.Array, mask_Bx1xTxS: jax.Array | KeyMask, *,
                dropout_rng: jax.Array | None = None,
                bias_BxNxTxS: jax.Array | AlibiBias | None = None) -> jax.Array:
+    """`mask_Bx1xTxS`: the boolean [B, 1, T, S] mask, or the encoder's factored KeyMask."""
     if isinstance(bias_BxNxTxS, AlibiBias):
       bias_BxNxTxS = bias_BxNxTxS.full()  # here, inside the layer (see AlibiBias)
     dt = self.dtype
@@ -188,24 +286,47 @@ class MultiHeadAttention(nnx.Module):
                             bf16=self.bf16)
                      + self.qkv_bias[...].astype(dt)[None, None])
     q_BxTxNxH, k_BxSxNxH, v_BxSxNxH = (qkv_BxTx3xNxH[:, :, i] for i in range(3))
-    out_BxTxNxH = self._attend(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS, dropout_rng,
-                               bias_BxNxTxS)
+    out_BxTxNxH, mask_Bx1xTxS = self._attend(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS,
+                                             dropout_rng, bias_BxNxTxS)
     # A query that may see no key at all (a row of pure padding) gets zeros, not an average of
-    # padding values: defined, finite, and independent of what the padding holds.
-    any_Bx1xTx1 = jnp.any(mask_Bx1xTxS, axis=-1, keepdims=True)
-    out_BxTxNxH = jnp.where(jnp.transpose(any_Bx1xTx1, (0, 2, 1, 3)), out_BxTxNxH, 0)
+    # padding values: defined, finite, and independent of what the padding holds. (Where the
+    # kernel ran, every padding query is zeroed: under it a padding query sees padding.)
+    if isinstance(mask_Bx1xTxS, KeyMask):
+      seen_BxTx1x1 = (mask_Bx1xTxS.segments() > 0)[:, :, None, None]
+    else:
+      seen_BxTx1x1 = jnp.transpose(jnp.any(mask_Bx1xTxS, axis=-1, keepdims=True), (0, 2, 1, 3))
+    out_BxTxNxH = jnp.where(seen_BxTx1x1, out_BxTxNxH, 0)
     return (einsum("btnh,nhd->btd", out_BxTxNxH, self.out_kernel[...].astype(dt),
                    bf16=self.bf16)
             + self.out_bias[...].astype(dt)[None, None])
 
   def _attend(self, q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS, dropout_rng=None,
               bias_BxNxTxS=None):
-    """softmax(q k^T / sqrt(H) + bias, masked) v on the path `attention_path` picks; each path
-    runs under a named scope "attention_<path>" (visible in the jaxpr and the HLO metadata, so
-    tests can see which path a jitted step traced)."""
+    """(softmax(q k^T / sqrt(H) + bias, masked) v, the mask it used) on the path
+    `attention_path` picks; each path runs under a named scope "attention_<path>" (visible in
+    the jaxpr and the HLO metadata, so tests can see which path a jitted step traced). The
+    mask comes back factored (KeyMask) only where the Pallas kernel ran."""
     dropout_active = not self.dropout.deterministic and self.dropout.rate > 0.0
     path = attention_path(self.attention_impl, self.dtype, dropout_active=dropout_active,
                           backend=self.backend, dot_dtype=self.dot_dtype)
+    if path == "pallas":
+      why = pallas_unsupported(q_BxTxNxH.shape, k_BxSxNxH.shape, mask_Bx1xTxS)
+      if why is None:
+        with jax.named_scope("attention_pallas"):
+          return pallas_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS.segments(),
+                                  bias_BxNxTxS), mask_Bx1xTxS
+      if self.attention_impl == "pallas":
+        raise ValueError(f"attention_impl='pallas' cannot run here: {why}; use 'auto' or 'xla'.")
+      _warn_once(f"attention_impl=auto: the Pallas TPU kernel cannot run here ({why}); "
+                 "using XLA.")
+      path = "xla"
+    if isinstance(mask_Bx1xTxS, KeyMask):
+      mask_Bx1xTxS = mask_Bx1xTxS.full()
+    return self._attend_dense(path, q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS, dropout_rng,
+                              bias_BxNxTxS), mask_Bx1xTxS
+
+  def _attend_dense(self, path, q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS, dropout_rng,
+                    bias_BxNxTxS):
     if path == "explicit":
       with jax.named_scope("attention_explicit"):
         return self._explicit_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS,
@@ -224,10 +345,7 @@ class MultiHeadAttention(nnx.Module):
       except (NotImplementedError, RuntimeError, ValueError) as err:
         if self.attention_impl == "cudnn":
           raise
-        msg = f"attention_impl=auto: cuDNN rejected this attention ({err}); using XLA."
-        if msg not in _warned:
-          _warned.add(msg)
-          logging.warning(msg)
+        _warn_once(f"attention_impl=auto: cuDNN rejected this attention ({err}); using XLA.")
     with jax.named_scope("attention_xla"):
       return jax.nn.dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, bias=bias_BxNxTxS,
                                           mask=mask_Bx1xTxS, implementation="xla")

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
-ATTENTION_IMPLS = ("auto", "xla", "cudnn", "explicit")
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "pallas", "explicit")
 DOT_DTYPES = ("", "bfloat16", "auto")
 POSITION_INITS = ("normal", "sinusoidal")
 POSITION_BIASES = ("none", "alibi")
@@ -61,10 +61,15 @@ class ModelConfig:
   # in train mode, BERT's 0.1) needs the probabilities, which the fused call does not expose:
   # training then always runs the explicit path, whatever this says. Otherwise:
   #   "auto"      cuDNN flash attention on GPU in bf16/fp16 (XLA if jax rejects the shapes),
-  #               XLA elsewhere (CPU, TPU, GPU in fp32);
+  #               the Pallas TPU flash attention kernel on TPU (XLA where its blocks do not
+  #               tile the rows: row length not a multiple of 128), XLA elsewhere (CPU, GPU
+  #               in fp32);
   #   "xla"       jax.nn.dot_product_attention's XLA implementation (any device);
   #   "cudnn"     jax.nn.dot_product_attention with cuDNN flash attention (GPU, bf16/fp16;
   #               raises where it cannot run instead of falling back);
+  #   "pallas"    jax.experimental.pallas.ops.tpu.flash_attention (TPU; on CPU only under
+  #               pltpu.force_tpu_interpret_mode, as the tests run it); padding and packed
+  #               segments become its segment ids, ALiBi its bias;
   #   "explicit"  the einsum + fp32 softmax path (what dropout forces), even without dropout.
   # jax itself never picks cuDNN (its default is XLA). bench/gpu.py measures both on a GPU.
   attention_impl: str = "auto"

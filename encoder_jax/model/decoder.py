@@ -81,7 +81,7 @@ class CrossAttention(MultiHeadAttention):
                     + self.kv_bias[...].astype(dt)[None, None])
     k_BxSxNxH, v_BxSxNxH = kv_BxSx2xNxH[:, :, 0], kv_BxSx2xNxH[:, :, 1]
     mask_Bx1xTxS = make_memory_mask(memory.mask_BxT, x_BxTxD.shape[1])
-    out_BxTxNxH = self._attend(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS, dropout_rng)
+    out_BxTxNxH, _ = self._attend(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS, dropout_rng)
     # No real memory slot (an empty source): zeros, never an average of padding.
     any_Bx1x1x1 = jnp.any(memory.mask_BxT, axis=-1)[:, None, None, None]
     out_BxTxNxH = jnp.where(any_Bx1x1x1, out_BxTxNxH, 0)

@@ -16,8 +16,8 @@ import numpy as np
 from flax import nnx
 
 from encoder_jax.model.activation_sharding import batch_split
-from encoder_jax.model.attention import (AlibiBias, MultiHeadAttention, init_normal,
-                                         make_attention_mask)
+from encoder_jax.model.attention import (AlibiBias, KeyMask, MultiHeadAttention, init_normal,
+                                         make_attention_mask, may_use_pallas)
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.model.dropout import Dropout, fold_rng
 from encoder_jax.model.matmul import bf16_dots, linear_dot_general
@@ -209,7 +209,10 @@ class Encoder(nnx.Module):
     if self.embed_proj is not None:
       x_BxTxD = self.embed_proj(x_BxTxD)
     x_BxTxD = batch_split(x_BxTxD)
-    mask_Bx1xTxT = make_attention_mask(mask_BxT, segment_ids_BxT)
+    if may_use_pallas(cfg.attention_impl, cfg.backend):
+      mask_Bx1xTxT = KeyMask(mask_BxT, segment_ids_BxT)  # the kernel takes segment ids
+    else:
+      mask_Bx1xTxT = make_attention_mask(mask_BxT, segment_ids_BxT)
     bias_BxNxTxT = (AlibiBias.from_positions(positions_BxT, cfg.num_heads)
                     if cfg.position_bias == "alibi" else None)
     layer_rng = fold_rng(dropout_rng, 1)

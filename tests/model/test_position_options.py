@@ -86,10 +86,10 @@ def test_alibi_in_fused_and_explicit_attention_paths_agree():
   bias = alibi_bias(jnp.broadcast_to(jnp.arange(6), (2, 6)), 4)
   q, k, v = (jnp.einsum("btd,dnh->btnh", h, mha.qkv_kernel[...][:, i])
              + mha.qkv_bias[...][i][None, None] for i in range(3))
-  fused = mha._attend(q, k, v, mask, None, bias)
+  fused, _ = mha._attend(q, k, v, mask, None, bias)
   explicit = mha._explicit_attention(q, k, v, mask, jax.random.key(0), bias)
   np.testing.assert_allclose(fused[m], explicit[m], atol=TOL)
-  no_bias = mha._attend(q, k, v, mask)
+  no_bias, _ = mha._attend(q, k, v, mask)
   assert np.abs(fused[m] - no_bias[m]).max() > 1e-3
 
 
@@ -102,7 +102,7 @@ def test_alibi_heads_favour_near_keys_at_init():
   # Identity values: the output of query i is its attention distribution (head 0: slope 1/2).
   q = k = jnp.zeros((1, T, 8, T))
   v = jnp.broadcast_to(jnp.eye(T)[None, :, None, :], (1, T, 8, T))
-  probs = mha._attend(q, k, v, m, None, bias)[0, 8, 0]  # query 8, head 0
+  probs = mha._attend(q, k, v, m, None, bias)[0][0, 8, 0]  # query 8, head 0
   assert probs[7] == probs[9] and probs[7] > 2 / T and probs[8] > probs[7] > probs[5]
 
 

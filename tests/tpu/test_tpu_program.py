@@ -37,7 +37,7 @@ def test_auto_resolves_for_the_accelerator_named_not_the_host(backend):
   assert not bf16_dots(cfg.dot_dtype, cfg.dtype, cfg.backend)  # native bf16 dots there
   path = attention_path(cfg.attention_impl, cfg.dtype, dropout_active=False,
                         backend=cfg.backend, dot_dtype=cfg.dot_dtype)
-  assert path == ("cudnn" if backend == "gpu" else "xla")
+  assert path == ("cudnn" if backend == "gpu" else "pallas")
 
 
 def test_auto_on_cpu_keeps_fp32_activations_and_the_unrolled_layout():
@@ -93,6 +93,7 @@ print(json.dumps(dict(
     scan=s.model_cfg.scan_layers, remat=s.model_cfg.remat_policy,
     program=cc.describe_program(s.model_cfg), dots=dots, while_loops=hlo.count(" while("),
     explicit="attention_explicit" in hlo, xla_attention="attention_xla" in hlo,
+    pallas="attention_pallas" in hlo, mosaic='custom_call_target="tpu_custom_call"' in hlo,
     mesh=dict(mesh.shape), analysis=a, secs=secs)))
 """
 
@@ -130,7 +131,15 @@ def test_default_config_compiles_to_the_bf16_scanned_tpu_program():
   assert 0 < r["analysis"]["optimal_seconds"] < 1.0
 
 
-def test_without_attention_dropout_the_tpu_step_uses_fused_attention():
+def test_without_attention_dropout_the_tpu_step_runs_the_pallas_flash_kernel():
+  """auto on a TPU: the Pallas flash-attention kernel (a Mosaic custom call), inside
+  shard_map over the 8 devices of a v4-8; rows of 128 tile its blocks."""
   r = _compile("dropout=none", "v4:2x2x1")
   assert r["kind"] == "TPU v4" and r["dtype"] == "bfloat16"
-  assert not r["explicit"] and r["xla_attention"], r["program"]
+  assert "training attention pallas" in r["program"]
+  assert r["pallas"] and r["mosaic"] and not r["explicit"] and not r["xla_attention"]
+
+
+def test_rows_the_kernel_cannot_tile_fall_back_to_xla_attention():
+  r = _compile("dropout=none,runlocal", "v5e:2x2")  # the demo's rows of 64 tokens, ALiBi
+  assert r["xla_attention"] and not r["pallas"] and not r["mosaic"]
