@@ -19,6 +19,7 @@ import pathlib
 import tempfile
 from typing import Any
 
+from etils import epath
 import jax
 import numpy as np
 from absl import logging
@@ -60,17 +61,33 @@ def hf_config_to_model_config(hf: dict[str, Any], **overrides: Any) -> ModelConf
   return ModelConfig(**kw)
 
 
-def model_config_to_hf_config(cfg: ModelConfig, architectures: list[str]) -> dict[str, Any]:
+def encoder_gaps(cfg: ModelConfig) -> list[str]:
+  """What in `cfg` neither HF BERT nor HF ELECTRA has a place for (both are post-LN encoders
+  with learned absolute positions): phrases for an error message; empty if none."""
+  gaps = []
   if cfg.norm_first:
-    raise ValueError("HF BERT is a post-LN model; a pre-LN encoder (norm_first=True) has no "
-                     "HF BERT equivalent. Export post-LN models only.")
+    gaps.append("pre-LN blocks (model.norm_first=True; HF's are post-LN)")
   if cfg.position_bias != "none":
-    raise ValueError(f"HF BERT has no relative position bias; this encoder uses "
-                     f"position_bias={cfg.position_bias!r} and would compute something else in "
-                     "transformers. Export models with position_bias='none' only.")
+    name = "ALiBi" if cfg.position_bias == "alibi" else repr(cfg.position_bias)
+    gaps.append(f"{name} position bias (model.position_bias={cfg.position_bias!r}; HF has "
+                "learned absolute positions only)")
+  return gaps
+
+
+def hf_bert_gaps(cfg: ModelConfig) -> list[str]:
+  """What in `cfg` HF BERT cannot represent (empty: the export computes what we compute)."""
+  gaps = encoder_gaps(cfg)
   if cfg.embed_size != cfg.hidden_size:
-    raise ValueError("HF BertModel has no embedding projection; this encoder has "
-                     f"embedding_size={cfg.embed_size} != hidden_size={cfg.hidden_size}.")
+    gaps.append(f"an embedding projection (model.embedding_size={cfg.embed_size} != "
+                f"hidden_size={cfg.hidden_size}; HF BertModel has none)")
+  return gaps
+
+
+def model_config_to_hf_config(cfg: ModelConfig, architectures: list[str]) -> dict[str, Any]:
+  if gaps := hf_bert_gaps(cfg):
+    raise ValueError(f"HF BERT cannot represent this encoder, which has {' and '.join(gaps)}: "
+                     "transformers would compute something else. Export post-LN models "
+                     "with position_bias='none' only.")
   return {
       "architectures": architectures, "model_type": "bert",
       "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
@@ -308,7 +325,7 @@ def write_hf_folder(out_dir: str | os.PathLike, hf_cfg: dict[str, Any],
   tensors = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()}
   files = {"config.json": json.dumps(hf_cfg, indent=2) + "\n"}
   if vocab is not None:
-    files["vocab.txt"] = pathlib.Path(vocab).read_text(encoding="utf-8")
+    files["vocab.txt"] = epath.Path(vocab).read_text(encoding="utf-8")  # local or gs://
     # encoder_jax's WordPiece pipeline is BERT's uncased one (lowercase + strip accents).
     files["tokenizer_config.json"] = json.dumps({
         "tokenizer_class": "BertTokenizer", "do_lower_case": True,

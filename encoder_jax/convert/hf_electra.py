@@ -34,8 +34,9 @@ from flax import nnx
 
 from encoder_jax.convert.hf_bert import (_ACT_TO_HF, _assign, _dense_from_hf, _dense_to_hf,
                                          _encoder_from_hf, _encoder_to_hf, _ln_from_hf,
-                                         _ln_to_hf, _pure_params, hf_config_to_model_config,
-                                         read_hf_folder, write_hf_folder)
+                                         _ln_to_hf, _pure_params, encoder_gaps,
+                                         hf_config_to_model_config, read_hf_folder,
+                                         write_hf_folder)
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.model.electra import ElectraDiscriminator, ElectraGenerator, ElectraModel
 
@@ -45,14 +46,35 @@ _IGNORED_KEYS = ("embeddings.position_ids", "embeddings.token_type_ids",
 _RTD, _GEN = "discriminator_predictions.", "generator_predictions."
 
 
+def hf_electra_gaps(cfg: ModelConfig, *, generator: bool = False) -> list[str]:
+  """What in `cfg` (a generator's when `generator`) HF ELECTRA cannot represent: phrases for
+  an error message; empty: the export computes what we compute."""
+  gaps = encoder_gaps(cfg)
+  if not cfg.type_vocab_size:
+    gaps.append("no token type embeddings (model.type_vocab_size=0; HF ElectraModel always "
+                "has them)")
+  # HF's ElectraGeneratorPredictions applies exact GELU whatever hidden_act says; our MLM head
+  # applies cfg.activation, so only "gelu" gives the same numbers on both sides.
+  if generator and cfg.activation != "gelu":
+    gaps.append(f"activation={cfg.activation!r} (HF's ELECTRA generator head always uses "
+                "exact GELU)")
+  return gaps
+
+
+def hf_electra_pair_gaps(disc: ModelConfig, gen: ModelConfig) -> list[str]:
+  """hf_electra_gaps of a pre-training pair: the discriminator's, then what only the
+  generator has."""
+  gaps = hf_electra_gaps(disc)
+  return gaps + [f"{g} in the generator" for g in hf_electra_gaps(gen, generator=True)
+                 if g not in gaps]
+
+
 def model_config_to_hf_electra_config(cfg: ModelConfig, architectures: list[str]
                                       ) -> dict[str, Any]:
-  if cfg.norm_first:
-    raise ValueError("HF ELECTRA is a post-LN model; a pre-LN encoder (norm_first=True) has no "
-                     "HF ELECTRA equivalent. Export post-LN models only.")
-  if not cfg.type_vocab_size:
-    raise ValueError("HF ElectraModel always has token type embeddings; this encoder was built "
-                     "with type_vocab_size=0.")
+  if gaps := hf_electra_gaps(cfg):
+    raise ValueError(f"HF ELECTRA cannot represent this encoder, which has "
+                     f"{' and '.join(gaps)}: transformers would compute something else. Export "
+                     "post-LN models with position_bias='none' only.")
   return {
       "architectures": architectures, "model_type": "electra",
       "vocab_size": cfg.vocab_size, "embedding_size": cfg.embed_size,
@@ -68,8 +90,6 @@ def model_config_to_hf_electra_config(cfg: ModelConfig, architectures: list[str]
 
 
 def _check_generator_activation(cfg: ModelConfig, where: str) -> None:
-  # HF's ElectraGeneratorPredictions applies exact GELU whatever hidden_act says; our MLM head
-  # applies cfg.activation, so only "gelu" gives the same numbers on both sides.
   if cfg.activation != "gelu":
     raise ValueError(f"{where}: HF's ELECTRA generator head always uses exact GELU, but this "
                      f"model's activation is {cfg.activation!r}; only activation='gelu' "
@@ -217,6 +237,11 @@ def export_hf_electra(model: ElectraDiscriminator | ElectraGenerator | ElectraMo
   """
   out_dir = pathlib.Path(out_dir)
   if isinstance(model, ElectraModel):
+    # Both halves checked before either folder is written: never a discriminator alone.
+    if gaps := hf_electra_pair_gaps(model.disc_cfg, model.gen_cfg):
+      raise ValueError(f"HF ELECTRA cannot represent this model, which has "
+                       f"{' and '.join(gaps)}: transformers would compute something else. "
+                       "Nothing was written.")
     disc_enc = _pure_params(model.discriminator)
     # _pure_params of the generator reaches the shared embeddings through it: the copy HF
     # needs in the generator's folder.
@@ -231,7 +256,6 @@ def export_hf_electra(model: ElectraDiscriminator | ElectraGenerator | ElectraMo
                       "main_head=%r model; the discriminator is exported without them.",
                       dropped, model.main_head)
     _export_one(model.disc_cfg, disc_enc, out_dir, vocab, rtd=rtd)
-    _check_generator_activation(model.gen_cfg, "export_hf_electra")
     _export_one(model.gen_cfg, gen_enc, out_dir / "generator", vocab,
                 mlm=_pure_params(model.gen_mlm))
     return [out_dir, out_dir / "generator"]

@@ -162,3 +162,37 @@ def test_export_refuses_what_it_cannot_do(mlm_run, tmp_path):
   assert (tmp_path / "full" / "mine.txt").read_text() == "keep me"
   with pytest.raises(FileNotFoundError, match="not a pre-training run"):
     export.export_run(tmp_path, tmp_path / "b")
+
+
+def _cli(workdir, out, *args):
+  return subprocess.run([sys.executable, "-m", "encoder_jax.convert.export", f"--workdir={workdir}",
+                         f"--out={out}", *args], cwd=ROOT, capture_output=True, text=True,
+                        timeout=300)
+
+
+def test_a_pre_ln_alibi_run_is_refused_in_one_line(tmp_path):
+  """The demo recipe (configs/pretrain.py:runlocal: pre-LN, ALiBi, 8 heads) has no HF BERT
+  equivalent: one line says why and what to use, before any checkpoint is read (this run's
+  checkpoints/ is empty) and with nothing written to --out."""
+  config = loop_helpers.pretrain.get_config("runlocal=True")  # configs/pretrain.py
+  assert config.model.norm_first and config.model.position_bias == "alibi"
+  workdir, out = tmp_path / "run", tmp_path / "hf"
+  (workdir / "checkpoints").mkdir(parents=True)
+  (workdir / loop.CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
+  proc = _cli(workdir, out)
+  assert proc.returncode == 1, proc.stderr[-3000:]
+  said = [line for line in proc.stderr.splitlines() if line.startswith("export:")]
+  assert len(said) == 1 and proc.stderr.rstrip().endswith(said[0]), proc.stderr[-3000:]
+  for part in ("pre-LN blocks (model.norm_first=True", "ALiBi position bias",
+               "which HF BertModel cannot represent", f"init=ckpt:{workdir} ",
+               "Nothing was written to --out"):
+    assert part in said[0], said[0]
+  assert not out.exists() and proc.stdout == ""
+  # An ELECTRA run with ALiBi (post-LN) was exported before, computing something else in HF.
+  config.objective.objective = "electra"
+  config.model.norm_first = False
+  (workdir / loop.CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
+  with pytest.raises(export.NotRepresentable, match=r"has ALiBi position bias .*, which HF "
+                     r"ELECTRA cannot represent"):
+    export.export_run(workdir, out)
+  assert not out.exists()

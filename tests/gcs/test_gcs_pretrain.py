@@ -4,20 +4,28 @@ The corpus is three text files in gs://bucket/corpus (data.source=files:<gs glob
 tokenized corpus is built into data_dir=gs://bucket/tfds, and every run's workdir is
 gs://bucket/<run>. A run killed with SIGKILL after its first checkpoint resumes from the
 bucket and ends bit for bit where the uninterrupted run ends (state, data iterator,
-metrics.jsonl row for row); fine-tuning then starts from that gs:// checkpoint. The tiny
-trainer config is tests/train's (loop_helpers.tiny_config).
+metrics.jsonl row for row); fine-tuning then starts from that gs:// checkpoint, and
+`encoder_jax.convert.export` turns it into a local HF folder (checksums verified: a damaged
+checkpoint is skipped, or refused when asked for by step). The tiny trainer config is
+tests/train's (loop_helpers.tiny_config).
 """
 import json
 import os
 import pathlib
+import re
 import signal
+import subprocess
+import sys
 
 from etils import epath
+from flax import nnx
 import jax
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
+from encoder_jax import paths
+from encoder_jax.convert import export
 from encoder_jax.finetune import backbone, finetune_and_evaluate
 from encoder_jax.train import checkpoint, loop
 from loop_helpers import (DOCS, N, ROOT, assert_bitwise_equal, budget_for, compilation_cache,
@@ -110,3 +118,65 @@ def test_finetune_from_the_gcs_checkpoint(env, straight):
   assert saved["backbone"] == bb.source and saved["summary"] == json.loads(
       json.dumps(results["summary"]))
   assert (epath.Path(out) / "results.md").read_text().startswith("| task | init | seeds |")
+
+
+TEXTS = ["Call me Ishmael.", "The state of our union is strong, and growing."]
+
+
+def test_export_from_the_bucket_to_hf(env, straight, tmp_path):
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  workdir, config = straight["workdir"], straight["config"]
+  with pytest.raises(ValueError, match="export writes a local folder"):
+    export.export_run(workdir, f"{env['bucket']}/hf")
+  out = tmp_path / "hf"
+  assert export.export_run(workdir, out) == [out]  # the newest checkpoint: 2N
+  hf, info = transformers.AutoModelForMaskedLM.from_pretrained(out, local_files_only=True,
+                                                               output_loading_info=True)
+  assert type(hf).__name__ == "BertForMaskedLM"  # tiny_config: no NSP
+  assert not info["missing_keys"] and not info["unexpected_keys"], info
+  tok = transformers.AutoTokenizer.from_pretrained(out, local_files_only=True)
+  batch = tok(TEXTS, padding="max_length", max_length=16, truncation=True, return_tensors="np")
+  names = ("input_ids", "attention_mask", "token_type_ids")
+  with torch.no_grad():
+    ref = hf.eval()(**{k: torch.tensor(batch[k]) for k in names}).logits.numpy()
+  # What the run's own model computes from its checkpoint at 2N.
+  state, _, _ = restore(workdir, 2 * N, config)
+  ours = nnx.merge(loop.build(config).trainer.graphdef_eval, state.params)
+  logits = np.asarray(ours(*(batch[k] for k in names))[0])
+  mask = batch["attention_mask"].astype(bool)
+  assert np.abs(logits[mask] - ref[mask]).max() <= 1e-5
+
+
+def test_export_skips_or_refuses_a_damaged_checkpoint(env, straight, tmp_path):
+  src, run = epath.Path(straight["workdir"]), epath.Path(f"{env['bucket']}/damaged")
+  paths.copy_tree(src / "checkpoints", run / "checkpoints")
+  (run / "config.json").write_text((src / "config.json").read_text())
+  newest = run / "checkpoints" / str(2 * N)
+  sums = json.loads((newest / checkpoint.CHECKSUMS).read_text())["files"]
+  victim = max((r for r in sums if r.startswith("state/")), key=lambda r: sums[r]["size"])
+  data = bytearray((newest / victim).read_bytes())
+  data[len(data) // 2] ^= 1  # one flipped bit, same size
+  (newest / victim).write_bytes(bytes(data))
+
+  with pytest.raises(checkpoint.CheckpointError,
+                     match=f"checkpoint {2 * N} in .* is damaged: {re.escape(victim)} does not "
+                     "match its sha256"):
+    export.export_run(run, tmp_path / "asked", step=2 * N)
+  assert not (tmp_path / "asked").exists()
+
+  out = tmp_path / "hf"  # the command, as a user runs it: the newest good checkpoint (N)
+  proc = subprocess.run([sys.executable, "-m", "encoder_jax.convert.export", f"--workdir={run}",
+                         f"--out={out}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert (f"export: skipping damaged checkpoint {2 * N} in {run}/checkpoints: {victim} does "
+          "not match its sha256") in proc.stderr, proc.stderr[-3000:]
+  assert f"export: exporting checkpoint {N}," in proc.stderr and f"wrote {out}" in proc.stdout
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  exported = load_file(out / "model.safetensors")["bert.embeddings.word_embeddings.weight"]
+  token = lambda step: np.asarray(jax.tree.leaves(restore(src, step, straight["config"])[0]
+                                                  .params["bert"]["encoder"]["embeddings"]
+                                                  ["token"])[0])
+  np.testing.assert_array_equal(exported, token(N))
+  assert not np.array_equal(exported, token(2 * N))
+  assert newest.exists() and not (run / "checkpoints_set_aside").exists()  # left as it was
