@@ -359,8 +359,9 @@ def build_source(part: str, vocab_path: str, example: examples.ExampleConfig, ou
            "read_stats": dataclasses.asdict(stats),
            # tokens_per_s: wall clock; tokens_per_cpu_s: per CPU second a worker got, which
            # other jobs on a shared machine do not lower. main_cpu_seconds: the reading and
-           # dispatching process (with workers=0, all of the build).
-           "build": {"workers": workers, "seconds": seconds, "tokens": tokens,
+           # dispatching process (with workers=0, all of the build); pid: that process's.
+           "build": {"pid": os.getpid(), "workers": workers, "seconds": seconds,
+                     "tokens": tokens,
                      "tokens_per_s": tokens / seconds,
                      "main_cpu_seconds": time.process_time() - cpu_start,
                      "per_worker": [{"tokens_per_s": w["tokens"] / max(w["seconds"], 1e-9),

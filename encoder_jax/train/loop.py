@@ -46,7 +46,8 @@ Behaviour a user relies on:
     next train.skip_batches batches; checkpoints of that new branch record it, so re-running
     the same command after a preemption continues the branch instead of rolling back again.
   * SIGTERM (preemption) saves a checkpoint at the current step and returns normally, so the
-    process exits 0 and the next start resumes.
+    process exits 0 and the next start resumes. With several processes, a signal to any of
+    them stops all of them after the same step (JAX's preemption sync), which they save.
   * train.flops_budget ends the run at the first step whose cumulative FLOPs reach it
     (analytic FLOPs, encoder_jax.train.flops), so ablations compare at equal compute.
 """
@@ -349,19 +350,50 @@ def _say(msg: str) -> None:
 
 
 class _Preemption:
-  """Turns SIGTERM into a flag the loop polls (signal handlers only exist in the main thread)."""
+  """Turns SIGTERM into a stop the loop polls with `due()` at the top of every step.
+
+  One process: a Python signal handler sets a flag (signal handlers only exist in the main
+  thread). Several processes must stop after the same step: one that stopped alone would
+  enter the checkpoint save's collectives while the others run the next step's (a hang; with
+  gloo, an abort). There JAX's preemption sync manager, started by jax.distributed.initialize,
+  owns SIGTERM (a C++ handler): once any process got the signal, it agrees with every process
+  on a step past where each one is, and `due()` turns True there on all of them. No Python
+  handler is installed then, which would take the signal from it."""
 
   def __init__(self):
     self.flag = threading.Event()
-    self.at = None  # perf_counter() when the signal came
+    self.at = None  # perf_counter() when the signal came (one process) or was acted on
     self._old = None
+    self._sync = jax.process_count() > 1 and self._sync_point(0) is not None
+    self._calls = 0  # due() calls: the same count on every process (they start together)
+
+  @staticmethod
+  def _sync_point(n: int) -> bool | None:
+    """Whether call `n` is the agreed stop; None without JAX's preemption service."""
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    try:
+      return multihost_utils.reached_preemption_sync_point(n)
+    except RuntimeError:  # (jax_enable_preemption_service=False)
+      return None
+
+  @property
+  def what(self) -> str:
+    return "every process agreed to stop" if self._sync else "the signal"
 
   def _handler(self, *_):
     self.at = self.at or time.perf_counter()
     self.flag.set()
 
+  def due(self) -> bool:
+    if self._sync:
+      self._calls += 1
+      if self._sync_point(self._calls):
+        self.at = self.at or time.perf_counter()
+        self.flag.set()
+    return self.flag.is_set()
+
   def __enter__(self):
-    if threading.current_thread() is threading.main_thread():
+    if threading.current_thread() is threading.main_thread() and not self._sync:
       self._old = signal.signal(signal.SIGTERM, self._handler)
     return self
 
@@ -524,7 +556,7 @@ class _Run:
     with _Preemption() as preemption:
       t_loop = time.perf_counter()
       while self.step < self.s.end_step:
-        if preemption.flag.is_set():
+        if preemption.due():
           stop_reason = "preempted"
           break
         batch = sharding.shard_batch(next(self.train_it), self.mesh)
@@ -553,7 +585,7 @@ class _Run:
           self.save()  # the open log window travels in the checkpoint; no partial row
         self.ckpt.wait()
         _say(f"SIGTERM: saved step {self.step} {time.perf_counter() - preemption.at:.1f} s "
-             "after the signal; exiting cleanly (a restart resumes from it)")
+             f"after {preemption.what}; exiting cleanly (a restart resumes from it)")
       elif self.schedule.needs_final_eval(self.step, self.start):
         self.evaluate()
     self.ckpt.wait()
