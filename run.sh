@@ -55,6 +55,7 @@ case "$what" in
   tpu)
     ensure_venv "[test]"
     ensure_libtpu
+    [ "${1:-}" = python ] && shift  # `run.sh tpu python -m ...` reads as `run.sh python`
     PYTHONPATH="$LIBTPU_DIR${PYTHONPATH:+:$PYTHONPATH}" JAX_PLATFORMS=cpu \
       ALLOW_MULTIPLE_LIBTPU_LOAD=1 \
       exec "$VENV/bin/python" "$@" ;;

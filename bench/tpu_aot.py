@@ -1,7 +1,8 @@
 r"""The trainer's real step compiled ahead of time for TPU topologies, on a CPU: memory, cost
 model, collectives. Every time figure here is the compiler's ESTIMATE, never a measurement.
 
-  bash run.sh tpu python bench/tpu_aot.py                   # the table: bench/results/tpu_aot.*
+  bash run.sh tpu python bench/tpu_aot.py --extra=best --update_readme=launch/README.md
+                                     # the committed table: bench/results/tpu_aot.*
   bash run.sh tpu python bench/tpu_aot.py --rows=ci         # what CI compiles (4 programs)
   bash run.sh tpu python bench/tpu_aot.py --rows=goal --extra=best   # + the searched variants
 
@@ -19,10 +20,14 @@ Per row (one config x topology x mesh x batch):
   * xla_tflops: the compiler's FLOP count of the step (all devices); ours: the analytic 6N
     count the trainer's MFU uses (encoder_jax.train.flops; matmuls only).
   * est_step_ms: `optimal_seconds` of XLA's TPU cost model, the compiler's estimate of the
-    step's time on one device. The cost model prices each `ConcatBitcast` custom call (a
-    free concatenation of async slices) at exactly -1 s; we add those back (checked: a step
-    with k of them reads -k + a fraction of a second). est_tok_s_chip and est_mfu follow from
-    it (MFU against the chip's dense bf16 peak, encoder_jax.train.flops).
+    step's time on one device. The cost model counts a while loop's body once, so for the
+    scanned layers the pod runs it sees one layer of L: the estimate (and xla_tflops) come
+    from the same step compiled with unrolled layers (same maths and remat recompute, other
+    layout), while memory and collectives are the scanned program's. The cost model prices
+    each custom call it has no model for (ConcatBitcast, X64Combine) at exactly -1 s; we
+    add those back (checked: a step with k of them reads -k + a fraction of a second).
+    est_tok_s_chip and est_mfu follow from it (MFU against the chip's dense bf16 peak,
+    encoder_jax.train.flops).
   * collectives: all-reduce (AR), reduce-scatter (RS), all-gather (AG) counts in the
     partitioned HLO; `expected` says what the mesh should produce (data parallelism: the
     gradients' AR or RS; FSDP: the parameters' AG and the gradients' RS).
@@ -42,17 +47,28 @@ import time
 from absl import app, flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("rows", "all", ["ci", "goal", "all"], "ci: BERT-base MLM+NSP and "
-                  "ELECTRA-base at seq 128 on v4-8 and v5e-16 (what .ci/run compiles); goal: "
-                  "BERT-base s128 and BERT-large s512 on v5e; all: BERT-base/large x MLM+NSP/"
-                  "ELECTRA x seq 128/512 x v4-8, v4-32, v5e-16, v5e-64, v5p-8.")
+flags.DEFINE_enum("rows", "table", ["ci", "goal", "table", "all"], "ci: BERT-base MLM+NSP "
+                  "and ELECTRA-base at seq 128 on v4-8 and v5e-16 (what .ci/run compiles); "
+                  "goal: BERT-base s128 and BERT-large s512 on v5e-16; table (the committed "
+                  "one, ~1 h on 2 cores): BERT/ELECTRA base/large x seq 128/512 on v5e-16, "
+                  "BERT-base s128 on v4-8, v4-32, v5e-64, v5p-8 and BERT-large s512 on v4-32 "
+                  "and v5p-8; all: every model x seq on all five slices (~2 h).")
 flags.DEFINE_enum("extra", "none", ["none", "best"], "best: also the variants searched "
-                  "for a higher estimated MFU (mesh, per-chip batch, remat) for each row.")
+                  "for a higher estimated MFU (per-chip batch, dropout, attention kernel) for "
+                  "the goal rows (BERT-base s128 and BERT-large s512 on v5e-16).")
 flags.DEFINE_string("out", "bench/results/tpu_aot", "Writes <out>.csv (resumable: rows "
                     "already there are skipped) and <out>.md (the table).")
 flags.DEFINE_string("update_readme", "", "Also replace the table between the tpu_aot markers "
                     "of this file (launch/README.md) with the launcher rows and the best "
                     "searched variant of each.")
+flags.DEFINE_bool("estimate", True, "Also compile each scanned step unrolled for XLA's cost "
+                  "model (it counts a loop body once); --noestimate: memory and collectives "
+                  "only, half the compile time.")
+flags.DEFINE_bool("calibrate", False, "Instead of the table: what XLA's TPU cost model "
+                  "predicts for lone bf16 matmuls of the step's shapes on one v5e chip (the "
+                  "ceiling its estimate of a whole step can reach) and for BERT-base s128 "
+                  "(64 rows a chip, unrolled) under FSDP vs pure data parallelism; writes "
+                  "<out>_calibration.txt.")
 flags.DEFINE_bool("check", False, "Exit non-zero unless every compiled row is the TPU's "
                   "program (bf16, scanned layers) and fits in HBM (what CI asserts).")
 
@@ -64,9 +80,10 @@ TOPOLOGIES = {  # name in the table -> libtpu topology name
     "v4-8": "v4:2x2x1", "v4-32": "v4:2x2x4", "v5e-16": "v5e:4x4", "v5e-64": "v5e:8x8",
     "v5p-8": "v5p:2x2x1",
 }
-FIELDS = ("model", "seq", "topology", "variant", "mesh", "batch", "remat", "dropout",
-          "program", "compile_s", "hbm_gib", "hbm_cap_gib", "fits", "xla_tflops", "ours_tflops",
-          "est_step_ms", "est_tok_s_chip", "est_mfu", "collectives", "expected", "error")
+FIELDS = ("model", "seq", "topology", "variant", "mesh_arg", "mesh", "batch", "remat", "dropout",
+          "attention", "program", "compile_s", "hbm_gib", "hbm_cap_gib", "fits", "xla_tflops",
+          "ours_tflops", "est_step_ms", "est_tok_s_chip", "est_mfu", "collectives", "expected",
+          "error")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,9 +96,14 @@ class Row:
   batch: int = 256  # global; BERT's 256 sequences a step (both phases)
   remat: str = "auto"
   dropout: str = "bert"  # configs/pretrain.py dropout=: bert keeps attention dropout (explicit)
+  attention: str = "auto"  # model.attention_impl; auto without attention dropout: Pallas
 
   def key(self) -> tuple:
     return tuple(str(getattr(self, f.name)) for f in dataclasses.fields(self))
+
+
+# The issue's goal: BERT-base s128 and BERT-large s512 on v5e at >= 55% MFU.
+GOAL = (Row("bert-base", 128, "v5e-16"), Row("bert-large", 512, "v5e-16"))
 
 
 def config_arg(model: str, seq: int) -> str:
@@ -94,26 +116,32 @@ def rows(which: str, extra: str) -> list[Row]:
   if which == "ci":
     base = [Row(m, 128, t) for t in ("v4-8", "v5e-16") for m in ("bert-base", "electra-base")]
   elif which == "goal":
-    base = [Row("bert-base", 128, "v5e-16"), Row("bert-large", 512, "v5e-16"),
-            Row("bert-base", 128, "v5e-64"), Row("bert-large", 512, "v5e-64")]
+    base = list(GOAL)
+  elif which == "table":
+    base = [Row(m, s, "v5e-16") for s in (128, 512)
+            for m in ("bert-base", "electra-base", "bert-large", "electra-large")]
+    base += [Row("bert-base", 128, t) for t in TOPOLOGIES if t != "v5e-16"]
+    base += [Row("bert-large", 512, t) for t in ("v4-32", "v5p-8")]
   else:
     base = [Row(m, s, t) for t in TOPOLOGIES for s in (128, 512)
             for m in ("bert-base", "electra-base", "bert-large", "electra-large")]
   out = list(base)
   if extra == "best":
-    for r in base:
+    for r in (r for r in base if r in GOAL):
       # The launcher's 256 rows spread over a slice are few per chip; the searched variants
       # raise the per-chip batch (fixed global batch is a recipe choice, not the hardware's)
-      # and compare pure data parallelism and FSDP, with and without remat.
+      # and compare FSDP with pure data parallelism (the model and its optimizer replicated).
       chips = _chips(r.topology)
-      for per_chip, mesh, remat, dropout in (
-          (32, "1,-1,1", "auto", "bert"), (64, "1,-1,1", "auto", "bert"),
-          (32, "-1,1,1", "auto", "bert"), (32, "1,-1,1", "none", "bert"),
-          (32, "1,-1,1", "auto", "no_attention"), (64, "1,-1,1", "none", "no_attention")):
+      # no_attention (MosaicBERT's dropout: none on the probabilities) lets the TPU run the
+      # Pallas flash kernel; the same with attention_impl=xla is the kernel's comparison.
+      for per_chip, mesh, remat, dropout, attention in (
+          (32, "1,-1,1", "auto", "bert", "auto"), (32, "-1,1,1", "auto", "bert", "auto"),
+          (32, "1,-1,1", "auto", "no_attention", "auto"),
+          (32, "1,-1,1", "auto", "no_attention", "xla")):
         if r.seq == 512:
           per_chip //= 4
         out.append(dataclasses.replace(r, variant="searched", mesh=mesh, batch=per_chip * chips,
-                                       remat=remat, dropout=dropout))
+                                       remat=remat, dropout=dropout, attention=attention))
   return out
 
 
@@ -153,20 +181,29 @@ def compile_row(r: Row) -> dict:
   config.mesh = r.mesh
   if r.remat != "auto":
     config.model.remat_policy = r.remat
+  config.model.attention_impl = r.attention
   devices = devices_of(r.topology)
   chips = len({tuple(d.coords) for d in devices})
   compiled, s, _, _, mesh, secs = cc.compile_train_step(config, devices)
   a = cc.analyze(compiled)
+  cost = a if not s.model_cfg.scan_layers else {}
+  if s.model_cfg.scan_layers and FLAGS.estimate:
+    # XLA's cost model counts a while loop's body once, not once per trip: for scanned layers
+    # its FLOPs and optimal_seconds cover one layer of L. The same step with unrolled layers
+    # (the same maths; only the program's layout differs) gives the whole step's cost.
+    config.model.scan_layers = "False"  # the config field is a string ("auto")
+    config.model.remat_policy = s.model_cfg.remat_policy  # and the recompute it pays for
+    cost = cc.analyze(cc.compile_train_step(config, devices)[0])
   kind = devices[0].device_kind
   per_device_share = chips / len(devices)  # a v4 device is half a chip
   hbm_cap = CHIP_HBM_GIB[kind] * per_device_share
   hbm = a["peak_bytes"] / 2**30
-  est = a.get("optimal_seconds")
+  est = cost.get("optimal_seconds")
   out = dict(
       program=cc.describe_program(s.model_cfg), compile_s=round(secs, 1),
       mesh=",".join(str(v) for v in mesh.shape.values()), hbm_gib=round(hbm, 2),
       hbm_cap_gib=round(hbm_cap, 1), fits=hbm <= 0.95 * hbm_cap,
-      xla_tflops=round(a["xla_flops"] * len(devices) / 1e12, 2),
+      xla_tflops=round(cost["xla_flops"] * len(devices) / 1e12, 2) if cost else None,
       ours_tflops=round(s.flops_per_step / 1e12, 2),
       collectives=" ".join(f"{k[2:].replace('_', '-')}:{v}" for k, v in a.items()
                            if k.startswith("n_")) or "none",
@@ -194,11 +231,12 @@ README_BEGIN, README_END = "<!-- tpu_aot table: begin -->", "<!-- tpu_aot table:
 
 def launcher_summary(table: list[dict]) -> str:
   """The launcher rows and the best searched variant of each, for launch/README.md."""
-  lines = ["| model | seq | slice | mesh | batch | remat, dropout | HBM/device (GiB) | fits | "
-           "est. MFU | est. tokens/s/chip |", "|---|---|---|---|---|---|---|---|---|---|"]
+  lines = ["| model | seq | slice | mesh | batch | remat, dropout, attention | HBM/device (GiB) "
+           "| fits | est. MFU | est. tokens/s/chip |", "|---|---|---|---|---|---|---|---|---|---|"]
   def fmt(row):
     return (f"| {row['model']} | {row['seq']} | {row['topology']} | {row.get('mesh', '')} | "
-            f"{row['batch']} | {row['remat']}, {row.get('dropout', '')} | "
+            f"{row['batch']} | {row['remat']}, {row.get('dropout', '')}, "
+            f"{row.get('attention', '')} | "
             f"{row.get('hbm_gib', '')} / {row.get('hbm_cap_gib', '')} | {row.get('fits', '')} | "
             f"{row.get('est_mfu') or '-'} | {row.get('est_tok_s_chip') or '-'} |")
   groups: dict[tuple, list[dict]] = {}
@@ -228,7 +266,7 @@ def update_readme(path: pathlib.Path, table: list[dict]) -> None:
 
 def write_md(path: pathlib.Path, table: list[dict]) -> None:
   cols = ("model", "seq", "topology", "variant", "mesh", "batch", "remat", "dropout",
-          "compile_s",
+          "attention", "program", "compile_s",
           "hbm_gib", "hbm_cap_gib", "fits", "xla_tflops", "ours_tflops", "est_step_ms",
           "est_tok_s_chip", "est_mfu", "collectives", "expected")
   lines = [f"# The pre-training step compiled for TPU topologies (bench/tpu_aot.py, "
@@ -249,16 +287,70 @@ def write_md(path: pathlib.Path, table: list[dict]) -> None:
   path.write_text("\n".join(lines) + "\n")
 
 
+def calibrate(path: pathlib.Path) -> None:
+  """Where the cost model's estimate of a step goes (every figure a compiler ESTIMATE)."""
+  import jax
+  import jax.numpy as jnp
+  from configs import pretrain
+  from encoder_jax.train import compile_check as cc
+  from encoder_jax.train import flops as flops_lib
+  devices = devices_of("v5e-16")
+  peak = flops_lib.peak_flops_per_device(devices[0].device_kind)
+  one = jax.sharding.SingleDeviceSharding(devices[0])
+  lines = [f"# XLA's TPU cost model, calibrated (bench/tpu_aot.py --calibrate, "
+           f"{datetime.date.today()}); every time here is the COMPILER'S ESTIMATE", "",
+           "Lone bf16 matmuls (fp32 accumulation) on one v5e chip, est. MFU = 2mkn / (est x "
+           "peak):"]
+  for m, k, n, what in ((2048, 768, 3072, "BERT-base FFN, 16 rows x 128 a chip"),
+                        (8192, 768, 3072, "BERT-base FFN, 64 rows x 128 a chip"),
+                        (4096, 1024, 4096, "BERT-large FFN, 8 rows x 512 a chip"),
+                        (8192, 8192, 8192, "square 8192")):
+    a = jax.ShapeDtypeStruct((m, k), jnp.bfloat16, sharding=one)
+    b = jax.ShapeDtypeStruct((k, n), jnp.bfloat16, sharding=one)
+    mm = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32)
+                 .astype(jnp.bfloat16)).lower(a, b).compile()
+    est = cc.analyze(mm)["optimal_seconds"]
+    lines.append(f"  {m}x{k}x{n} ({what}): est {est * 1e6:.1f} us, est MFU "
+                 f"{2 * m * k * n / (est * peak):.3f}")
+  hbm_bw = 819e9  # v5e HBM bandwidth, bytes/s (Google Cloud's v5e spec sheet)
+  lines += ["", "BERT-base MLM+NSP s128, batch 1024 on v5e-16 (unrolled layers); 'HBM time' = "
+            "XLA's bytes accessed per chip / 819 GB/s (v5e's HBM bandwidth):"]
+  for mesh, remat, dropout, attention in (
+      ("1,-1,1", "dots", "bert", "auto"), ("-1,1,1", "dots", "bert", "auto"),
+      ("-1,1,1", "none", "bert", "auto"), ("-1,1,1", "none", "none", "xla")):
+    config = pretrain.get_config(f"size=base,nsp=nsp,dropout={dropout}")
+    config.data.batch_size, config.mesh = 1024, mesh
+    config.model.scan_layers = "False"  # (the cost model counts a loop body once)
+    config.model.remat_policy = remat  # dots: what the scanned TPU program runs
+    config.model.attention_impl = attention
+    compiled, s, *_ = cc.compile_train_step(config, devices)
+    a = cc.analyze(compiled)
+    est = a["optimal_seconds"]
+    lines.append(f"  mesh {mesh}, remat {remat}, dropout {dropout}, attention {attention}: est "
+                 f"step "
+                 f"{est * 1e3:.2f} ms, est MFU {s.flops_per_step / (est * 16 * peak):.3f}; 6N "
+                 f"matmul FLOPs at peak {s.flops_per_step / 16 / peak * 1e3:.2f} ms; bytes "
+                 f"accessed {a['bytes_accessed'] / 2**30:.2f} GiB/chip = HBM time "
+                 f"{a['bytes_accessed'] / hbm_bw * 1e3:.2f} ms")
+  path.write_text("\n".join(lines) + "\n")
+  print(path.read_text())
+
+
 def main(argv):
   del argv
   out = pathlib.Path(FLAGS.out)
   out.parent.mkdir(parents=True, exist_ok=True)
+  if FLAGS.calibrate:
+    calibrate(out.with_name(out.name + "_calibration.txt"))
+    return
   csv_path, md_path = out.with_suffix(".csv"), out.with_suffix(".md")
   done: dict[tuple, dict] = {}
   if csv_path.exists():
     with csv_path.open() as f:
       for row in csv.DictReader(f):
-        done[tuple(row[f.name] for f in dataclasses.fields(Row))] = row
+        # mesh_arg: the --config.mesh asked for ("1,-1,1"); mesh: what it resolved to
+        done[tuple(row["mesh_arg" if f.name == "mesh" else f.name]
+                   for f in dataclasses.fields(Row))] = row
   todo = rows(FLAGS.rows, FLAGS.extra)
   table, bad = [], []
   t0 = time.perf_counter()
@@ -266,7 +358,7 @@ def main(argv):
     if r.key() in done:
       table.append(done[r.key()])
       continue
-    row = dataclasses.asdict(r)
+    row = dict(dataclasses.asdict(r), mesh_arg=r.mesh)
     try:
       row.update(compile_row(r))
     except Exception as err:  # noqa: BLE001 -- a row that cannot compile is a result too

@@ -92,6 +92,9 @@ def collectives(hlo_text: str) -> dict[str, int]:
   return counts
 
 
+UNPRICED_CUSTOM_CALLS = ("ConcatBitcast", "X64Combine")
+
+
 def analyze(compiled) -> dict[str, float]:
   """Per-device memory (XLA's buffer assignment), the compiler's cost model (`flops`, `bytes
   accessed` and, on TPU, `optimal_seconds`: XLA's own estimate of the step's time, a
@@ -114,10 +117,12 @@ def analyze(compiled) -> dict[str, float]:
       out[name] = float(cost[key])
   hlo = compiled.as_text()
   if "optimal_seconds" in out:
-    # XLA's TPU cost model prices each ConcatBitcast custom call (a free concatenation of
-    # async slices) at exactly -1 s: a step holding k of them reads -k + its real estimate.
-    # Add them back; anything still <= 0 is no estimate at all.
-    out["optimal_seconds"] += hlo.count('custom_call_target="ConcatBitcast"')
+    # XLA's TPU cost model prices the custom calls it has no model for at exactly -1 s: a
+    # step holding k of them reads -k + its real estimate. Seen: ConcatBitcast (a free
+    # concatenation of async slices) and X64Combine (64-bit halves joined, e.g. by the rbg
+    # PRNGs). Add them back; anything still <= 0 is no estimate at all.
+    out["optimal_seconds"] += sum(hlo.count(f'custom_call_target="{name}"')
+                                  for name in UNPRICED_CUSTOM_CALLS)
     if out["optimal_seconds"] <= 0:
       del out["optimal_seconds"]
   out.update({f"n_{k.replace('-', '_')}": v for k, v in collectives(hlo).items()})

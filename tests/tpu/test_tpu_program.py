@@ -98,7 +98,7 @@ print(json.dumps(dict(
 """
 
 
-def _compile(arg, topology):
+def _compile(arg, topology, **env_extra):
   if not LIBTPU or not pathlib.Path(LIBTPU, "libtpu").is_dir():
     pytest.skip("libtpu is not installed: run the suite with `bash run.sh test`, which "
                 "installs it (pip: libtpu==0.0.42.1, the TPU compiler of jax[tpu]==0.10.2) "
@@ -107,7 +107,8 @@ def _compile(arg, topology):
   # compile-only process needs no exclusive TPU.
   env = dict(os.environ, PYTHONPATH=f"{LIBTPU}:{ROOT}", JAX_PLATFORMS="cpu",
              ALLOW_MULTIPLE_LIBTPU_LOAD="1",
-             XLA_FLAGS="")  # the suite's fake-CPU-device flags mean nothing to a TPU compile
+             XLA_FLAGS="",  # the suite's fake-CPU-device flags mean nothing to a TPU compile
+             **env_extra)
   proc = subprocess.run([sys.executable, "-c", _SCRIPT, arg, topology], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
@@ -143,3 +144,11 @@ def test_without_attention_dropout_the_tpu_step_runs_the_pallas_flash_kernel():
 def test_rows_the_kernel_cannot_tile_fall_back_to_xla_attention():
   r = _compile("dropout=none,runlocal", "v5e:2x2")  # the demo's rows of 64 tokens, ALiBi
   assert r["xla_attention"] and not r["pallas"] and not r["mosaic"]
+
+
+def test_the_cost_model_estimate_survives_custom_calls_it_prices_at_minus_one():
+  """With the rbg PRNG (MaxText's choice on TPU) the step holds X64Combine custom calls,
+  which XLA's TPU cost model prices at -1 s each, like ConcatBitcast: raw optimal_seconds is
+  negative; analyze() adds them back to a real estimate."""
+  r = _compile("dropout=none", "v5e:2x2", JAX_DEFAULT_PRNG_IMPL="rbg")
+  assert 0 < r["analysis"].get("optimal_seconds", -1) < 1.0, r["analysis"]
