@@ -82,13 +82,23 @@ def collectives(hlo_text: str) -> dict[str, int]:
   """How many of each collective op the compiled (optimised, partitioned) HLO holds, async
   start/done pairs counted once. What the mesh should produce: data/FSDP parallelism an
   all-reduce (or reduce-scatter) of the gradients, FSDP all-gathers of the parameters,
-  tensor parallelism all-reduces of activations."""
-  counts = {}
-  for op in _COLLECTIVES:
-    # "= f32[..] all-reduce(" or "all-reduce-start(": an op's name follows the result shape.
-    n = len(re.findall(rf"\s{op}(?:-start)?\(", hlo_text))
-    if n:
-      counts[op] = n
+  tensor parallelism all-reduces of activations. XLA's TPU backend writes a reduce-scatter
+  as a fusion calling an `%all-reduce-scatter...` computation (an all-reduce inside): each
+  call counts as one reduce-scatter, and the all-reduce inside it not at all."""
+  counts: dict[str, int] = {}
+  computation = ""
+  for line in hlo_text.splitlines():
+    if line and not line[0].isspace():  # a computation's header, or its closing "}"
+      computation = line
+      continue
+    in_reduce_scatter = computation.startswith("%all-reduce-scatter")
+    for op in _COLLECTIVES:
+      # "= f32[..] all-reduce(" or "all-reduce-start(": an op's name follows the result shape.
+      if re.search(rf"\s{op}(?:-start)?\(", line) and not (
+          in_reduce_scatter and op == "all-reduce"):
+        counts[op] = counts.get(op, 0) + 1
+    if "calls=%all-reduce-scatter" in line:
+      counts["reduce-scatter"] = counts.get("reduce-scatter", 0) + 1
   return counts
 
 

@@ -83,6 +83,8 @@ from encoder_jax.train import compile_check as cc
 config = pretrain.get_config(sys.argv[1])
 config.data.vocab = "demo"  # committed with the package: no fetch
 config.data.batch_size = 32
+if len(sys.argv) > 3:
+  config.mesh = sys.argv[3]
 devices = topologies.get_topology_desc(platform="tpu", topology_name=sys.argv[2]).devices
 compiled, s, _, _, mesh, secs = cc.compile_train_step(config, devices)
 hlo = compiled.as_text()
@@ -98,7 +100,7 @@ print(json.dumps(dict(
 """
 
 
-def _compile(arg, topology, **env_extra):
+def _compile(arg, topology, mesh=None, **env_extra):
   if not LIBTPU or not pathlib.Path(LIBTPU, "libtpu").is_dir():
     pytest.skip("libtpu is not installed: run the suite with `bash run.sh test`, which "
                 "installs it (pip: libtpu==0.0.42.1, the TPU compiler of jax[tpu]==0.10.2) "
@@ -109,8 +111,8 @@ def _compile(arg, topology, **env_extra):
              ALLOW_MULTIPLE_LIBTPU_LOAD="1",
              XLA_FLAGS="",  # the suite's fake-CPU-device flags mean nothing to a TPU compile
              **env_extra)
-  proc = subprocess.run([sys.executable, "-c", _SCRIPT, arg, topology], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=600)
+  argv = [sys.executable, "-c", _SCRIPT, arg, topology, *([mesh] if mesh else [])]
+  proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -152,3 +154,13 @@ def test_the_cost_model_estimate_survives_custom_calls_it_prices_at_minus_one():
   negative; analyze() adds them back to a real estimate."""
   r = _compile("dropout=none", "v5e:2x2", JAX_DEFAULT_PRNG_IMPL="rbg")
   assert 0 < r["analysis"].get("optimal_seconds", -1) < 1.0, r["analysis"]
+
+
+def test_fsdp_gathers_parameters_and_reduce_scatters_gradients():
+  """Under FSDP the TPU program all-gathers the parameters and reduce-scatters the gradients
+  (XLA's TPU backend writes a reduce-scatter as a fusion calling an all-reduce-scatter
+  computation; compile_check.collectives counts it as one)."""
+  r = _compile("size=mini", "v5e:2x2", mesh="1,-1,1")
+  assert r["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
+  assert r["analysis"].get("n_reduce_scatter", 0) >= 1, r["analysis"]
+  assert r["analysis"].get("n_all_gather", 0) >= 1, r["analysis"]
