@@ -68,7 +68,7 @@ class ModelConfig:
   #   "cudnn"     jax.nn.dot_product_attention with cuDNN flash attention (GPU, bf16/fp16;
   #               raises where it cannot run instead of falling back);
   #   "pallas"    jax.experimental.pallas.ops.tpu.flash_attention (TPU; on CPU only under
-  #               pltpu.force_tpu_interpret_mode, as the tests run it); padding and packed
+  #               a Pallas interpret mode, as tests/model/test_pallas_attention.py runs it); padding and packed
   #               segments become its segment ids, ALiBi its bias;
   #   "explicit"  the einsum + fp32 softmax path (what dropout forces), even without dropout.
   # jax itself never picks cuDNN (its default is XLA). bench/gpu.py measures both on a GPU.
