@@ -1,11 +1,14 @@
 """One fine-tuning run (one seed): AdamW with layer-wise LR decay and warm-up, epochs, dev
 evaluation after each epoch, best-epoch selection, test evaluation with the best parameters.
+Step and loop are pre-training's (train.step.make_step, train.loop_parts) around the task loss
+(encoder_jax.objectives.finetune), so the two trainers cannot drift apart.
 
 Freezing vs eval mode. They are independent switches:
   * `freeze_encoder` keeps every encoder parameter bit-identical: the optimizer is an
-    optax.multi_transform that sends encoder leaves to optax.set_to_zero(), the loss sees them
-    through stop_gradient (so XLA prunes the encoder's backward pass), and the step writes the
-    old encoder leaves back unchanged (a zero update could still turn -0.0 into +0.0).
+    optax.multi_transform that sends encoder leaves to optax.set_to_zero(), and the step
+    (train.step.make_step's `frozen`) sees them through stop_gradient (so XLA prunes the
+    encoder's backward pass) and writes them back unchanged (a zero update could still turn
+    -0.0 into +0.0).
   * train/eval mode only switches dropout (graphdef_train vs graphdef_eval); training in eval
     mode (`dropout=False`) still updates every parameter.
 
@@ -22,7 +25,6 @@ weight-0 rows, so a run compiles at most max_length / length_bucket train steps.
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
 import math
 import time
@@ -38,10 +40,11 @@ from flax import nnx
 from encoder_jax.finetune import tasks as tasks_lib
 from encoder_jax.finetune.backbone import FinetuneModel
 from encoder_jax.model.heads import NEG_INF
-from encoder_jax.objectives.mlm import safe_mean, softmax_cross_entropy
+from encoder_jax.objectives import finetune as objective
+from encoder_jax.train import loop_parts, recovery
 from encoder_jax.train import sharding as sharding_lib
+from encoder_jax.train import step as step_lib
 from encoder_jax.train.optim import OptimConfig, build_optimizer, path_names
-from encoder_jax.train.step import TrainState
 
 _MODEL_KEYS = ("input_ids", "mask", "token_types")
 
@@ -97,80 +100,39 @@ def make_optimizer(config, *, num_layers: int, total_steps: int):
   return tx, parts.schedule
 
 
-def task_loss(kind: str, out: dict[str, jax.Array], batch: dict[str, jax.Array]):
-  """Mean loss over real examples (weight 1); tagging ignores labels of -100 (non-first
-  subtokens, specials, pads), whose logits therefore get no gradient."""
-  w_B = batch["weights"]
-  if kind == "classify":
-    loss, acc, _ = softmax_cross_entropy(out["logits"], batch["labels"], w_B)
-    return loss, {"accuracy": acc}
-  if kind == "regress":
-    err_B = out["logits"][:, 0] - batch["labels"].astype(jnp.float32)
-    return safe_mean(jnp.sum(w_B * err_B * err_B), jnp.sum(w_B)), {}
-  if kind == "tag":
-    w_BxT = jnp.broadcast_to(w_B[:, None], batch["labels"].shape)
-    loss, acc, _ = softmax_cross_entropy(out["logits"], batch["labels"], w_BxT)
-    return loss, {"accuracy": acc}
-  ls, _, _ = softmax_cross_entropy(out["start_logits"], batch["start_positions"], w_B)
-  le, _, _ = softmax_cross_entropy(out["end_logits"], batch["end_positions"], w_B)
-  return (ls + le) / 2, {}
-
-
 @dataclasses.dataclass
 class Steps:
-  train: Callable  # (state, batch, key) -> (state, metrics), donates state
+  train: Callable  # (state, batch, base_key) -> (state, metrics), donates state
   predict: Callable  # (params, batch) -> outputs, eval mode
   graphdef_eval: Any
   state_shardings: Any = None  # where `place` puts a TrainState (None: no mesh)
 
-  def place(self, state: TrainState) -> TrainState:
+  def place(self, state: step_lib.TrainState) -> step_lib.TrainState:
     """The state on the mesh, as the jitted step expects it."""
-    return state if self.state_shardings is None else jax.device_put(state,
-                                                                     self.state_shardings)
+    return state if self.state_shardings is None else jax.device_put(state, self.state_shardings)
 
 
 def make_steps(model: FinetuneModel, tx, schedule, *, freeze: bool, dropout: bool,
                mesh=None) -> Steps:
-  kind = model.kind
+  """The train step (train.step.make_step of the task loss) and predict step, on `mesh` if any."""
   graphdef_eval, _ = nnx.split(model, nnx.Param)
   if dropout:
     model.train()
   graphdef_train, _ = nnx.split(model, nnx.Param)
   model.eval()
-
-  def loss_fn(params, batch, key):
-    if freeze:  # no gradient through the encoder: XLA drops its backward pass
-      params = jax.tree_util.tree_map_with_path(
-          lambda p, x: jax.lax.stop_gradient(x) if is_encoder_param(p) else x, params)
-    out = nnx.merge(graphdef_train, params)(batch, dropout_rng=key if dropout else None)
-    return task_loss(kind, out, batch)
-
-  def train_step(state: TrainState, batch, base_key):
-    key = jax.random.fold_in(base_key, state.step)
-    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        state.params, batch, key)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    if freeze:
-      params = jax.tree_util.tree_map_with_path(
-          lambda p, new, old: old if is_encoder_param(p) else new, params, state.params)
-    metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads),
-                   learning_rate=jnp.asarray(schedule(state.step), jnp.float32))
-    return TrainState(state.step + 1, params, opt_state), metrics
-
-  def predict(params, batch):
-    return nnx.merge(graphdef_eval, params)(batch)
-
+  frozen = is_encoder_param if freeze else None
+  loss_fn = objective.make_loss(graphdef_train, model.kind, dropout=dropout)
+  predict = lambda params, batch: nnx.merge(graphdef_eval, params)(batch)
   if mesh is None:
-    return Steps(jax.jit(train_step, donate_argnums=(0,)), jax.jit(predict), graphdef_eval)
+    return Steps(step_lib.make_step(loss_fn, tx, schedule, frozen=frozen), jax.jit(predict),
+                 graphdef_eval)
   params = nnx.state(model, nnx.Param)
-  abstract = jax.eval_shape(lambda: TrainState(jnp.zeros((), jnp.int32), params,
-                                               tx.init(params)))
-  state_sh = sharding_lib.state_shardings(abstract, mesh)
+  state_sh = sharding_lib.state_shardings(jax.eval_shape(
+      lambda: step_lib.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))), mesh)
   batch_sh = sharding_lib.batch_sharding(mesh)
-  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  train = jax.jit(train_step, donate_argnums=(0,), in_shardings=(state_sh, batch_sh, replicated),
-                  out_shardings=(state_sh, None))
+  train = step_lib.make_step(loss_fn, tx, schedule, state_shardings=state_sh,
+                             batch_shardings=batch_sh, frozen=frozen, extra_shardings=(
+                                 jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),))
   return Steps(train, jax.jit(predict, in_shardings=(state_sh.params, batch_sh)),
                graphdef_eval, state_sh)
 
@@ -255,34 +217,13 @@ def total_steps(spec: tasks_lib.TaskSpec, data, config) -> int:
   return math.ceil(len(data[spec.train_split]) / config.batch_size) * config.epochs
 
 
-# Steps built by earlier runs of this process, newest last (build_steps). A grid of N points
-# fine-tunes N backbones of one shape in one process (experiments.runner, in-process): without
-# this, each run would trace, lower and fetch from the compilation cache the same programs again
-# (~1 s a task on 2 CPU cores, 2026-12-03; jax's own jit cache cannot help, because every run
-# makes new closures).
-_STEPS_CACHE: collections.OrderedDict = collections.OrderedDict()
-_STEPS_CACHE_SIZE = 8
-
-
 def build_steps(spec: tasks_lib.TaskSpec, model: FinetuneModel, data, config, mesh=None):
-  """The jitted steps and the optimizer, shared by every seed of a run (one compilation) and
-  by later runs of this process whose steps would be the same program: same module structure
-  and mode (nnx.graphdef compares by structure, not by parameter values), task kind, training
-  config, number of steps (the schedule's length) and mesh. Sharded over `mesh` when given
-  (encoder_jax.train.sharding.mesh_from_config)."""
+  """(steps, optimizer) from the run config, shared by every seed of a run (one compilation)."""
   config = TrainConfig.of(config)
-  n_steps = total_steps(spec, data, config)
-  key = (nnx.graphdef(model), model.kind, config, model.cfg.num_layers, n_steps, mesh)
-  if key in _STEPS_CACHE:
-    _STEPS_CACHE.move_to_end(key)
-    return _STEPS_CACHE[key]
-  tx, schedule = make_optimizer(config, num_layers=model.cfg.num_layers, total_steps=n_steps)
-  built = make_steps(model, tx, schedule, freeze=config.freeze_encoder,
-                     dropout=config.dropout, mesh=mesh), tx
-  _STEPS_CACHE[key] = built
-  while len(_STEPS_CACHE) > _STEPS_CACHE_SIZE:
-    _STEPS_CACHE.popitem(last=False)
-  return built
+  tx, schedule = make_optimizer(config, num_layers=model.cfg.num_layers,
+                                total_steps=total_steps(spec, data, config))
+  return make_steps(model, tx, schedule, freeze=config.freeze_encoder, dropout=config.dropout,
+                    mesh=mesh), tx
 
 
 def finetune_one_seed(spec: tasks_lib.TaskSpec, model: FinetuneModel,
@@ -294,53 +235,54 @@ def finetune_one_seed(spec: tasks_lib.TaskSpec, model: FinetuneModel,
   "dev" is empty (for one-epoch runs, where there is nothing to select).
   `steps_and_tx`: build_steps(...) of an earlier seed, to reuse its compiled steps."""
   config = TrainConfig.of(config)
-  train = data[spec.train_split]
-  total = total_steps(spec, data, config)
+  train, steps_total = data[spec.train_split], total_steps(spec, data, config)
   steps, tx = steps_and_tx or build_steps(spec, model, data, config)
   params = nnx.state(model, nnx.Param)
-  state = steps.place(TrainState(jnp.zeros((), jnp.int32), params, tx.init(params)))
+  state = steps.place(step_lib.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params)))
   base_key = jax.random.key(seed)
   select_split, metric = spec.dev_splits[0], spec.select_metric
   history, best, best_params = [], None, host_copy(params)
-  t_run, step = time.time(), 0
+  t_run, step, pending = time.time(), 0, loop_parts.PendingMetrics(recovery.Window())
   for epoch in range(1, config.epochs + 1):
     rng = np.random.default_rng([seed, epoch])
     order = (length_grouped_order(train.arrays["mask"].sum(axis=1), rng, config.batch_size)
              if config.group_by_length else rng.permutation(len(train)))
-    t0, loss_sum, loss_n = time.time(), 0.0, 0
-    # Rates leave out each epoch's first step: it may include compilation (one per new
-    # length bucket; later buckets compile inside the timed window and lower the rate).
-    t_rate, seen, tokens = None, 0, 0
+    # Metrics stay on device until a log row checks every step's (as in pre-training); rates
+    # count real rows and tokens, without the epoch's first step (it may compile).
+    end = step + math.ceil(len(order) / config.batch_size)
+    schedule = loop_parts.Schedule(config.log_every, 0, 0, end, evaluating=False)
+    t0, rows, meter = time.time(), [], loop_parts.ThroughputMeter(None, 0)
     for idx, batch in batches(train, order, config.batch_size, config.length_bucket):
-      state, m = steps.train(state, batch, base_key)
+      state, metrics = steps.train(state, batch, base_key)
       step += 1
-      if t_rate is None:
-        jax.block_until_ready(state.step)
-        t_rate = time.time()
-        if epoch == 1:
-          logging.info("seed %d: first step (with compilation) took %.1f s", seed, t_rate - t0)
+      pending.push(step, metrics)
+      if meter.mark_t is None:
+        jax.block_until_ready(metrics)
+        meter.start(step)
       else:
-        seen += len(idx)
-        tokens += int(batch["mask"][:len(idx)].sum())
-      if step % config.log_every == 0 or step == total:
-        loss = float(m["loss"])  # a device sync, only when logging
-        if not np.isfinite(loss):
-          raise FloatingPointError(f"non-finite training loss {loss} at step {step} (seed "
-                                   f"{seed}); lower learning_rate or check the inputs.")
-        loss_sum, loss_n = loss_sum + loss, loss_n + 1
-        dt = max(time.time() - t_rate, 1e-9)
-        logging.info("seed %d epoch %d step %d/%d loss %.4f lr %.2e | %.1f examples/s, "
-                     "%.0f tokens/s", seed, epoch, step, total, loss, float(m["learning_rate"]),
-                     seen / dt, tokens / dt)
-    jax.block_until_ready(state.params)
-    train_s = time.time() - t0
-    rate = seen / max(time.time() - (t_rate or t0), 1e-9)
+        meter.count(examples=len(idx), tokens=int(batch["mask"][:len(idx)].sum()))
+      if schedule.at(step).log:
+        try:
+          pending.fetch()
+        except loop_parts.NonFiniteError as e:
+          raise FloatingPointError(f"non-finite training {e.args[1]} {e.args[2]} at step "
+                                   f"{e.args[0]} (seed {seed}); lower learning_rate or check "
+                                   "the inputs.") from None
+        rows.append(pending.window.take_means() | meter.lap(step))
+        logging.info("seed %d epoch %d step %d/%d loss %.4f lr %.2e | %.1f examples/s, %.0f "
+                     "tokens/s", seed, epoch, step, steps_total, rows[-1]["loss"],
+                     rows[-1]["learning_rate"], rows[-1].get("examples_per_s", 0.0),
+                     rows[-1].get("tokens_per_s", 0.0))
+        meter.mark(step)
+    train_s = time.time() - t0  # (the epoch's last log row waited for its last step)
+    rate = meter.summary().get("examples_per_s") or 0.0
     dev = ({s: evaluate(spec, steps, state.params, data[s], config) for s in spec.dev_splits}
            if config.eval_dev else {})
     value = dev[select_split][metric] if config.eval_dev else float(epoch)  # else: the last
     record = {"epoch": epoch, "step": step, "train_seconds": round(train_s, 2),
               "train_examples_per_s": round(rate, 2),
-              "train_loss_logged_mean": loss_sum / max(loss_n, 1), "dev": dev}
+              "train_loss_logged_mean": sum(r["loss"] for r in rows) / max(len(rows), 1),
+              "dev": dev}
     history.append(record)
     logging.info("seed %d epoch %d: %s (%.0f s train, %.1f examples/s)", seed, epoch,
                  f"dev {select_split} {metric} = {value:.4f}" if config.eval_dev else

@@ -17,6 +17,7 @@ import dataclasses
 import math
 import tempfile
 import time
+from collections import Counter
 from typing import Callable
 
 from absl import logging
@@ -35,10 +36,10 @@ class Precompiled:
   """A jitted function whose XLA compilation for one set of argument types has started in a
   background thread, so that it overlaps the rest of start-up (reading data, initialising or
   restoring the state, which compiles its own program, and the other step's compilation). XLA
-  compiles with the GIL released: on the 2-core CPU box this took the GPU grids' dry run with an
-  empty compilation cache from 118-121 s to 111.5 s (bench/README.md). On an accelerator host
-  it should hide the evaluation and init compiles behind the train step's (not measured: no
-  accelerator was available).
+  compiles with the GIL released, so the compile runs beside that work; on a 2-core CPU it
+  shortened the GPU grids' dry run with an empty compilation cache (figures: bench/README.md).
+  On an accelerator host it should hide the evaluation and init compiles behind the train
+  step's (not measured: no accelerator was available).
 
   Tracing and lowering (`lowered`, done by the caller, on its own thread) see the caller's JAX
   configuration; only `Lowered.compile` runs in the thread. The first call waits for the
@@ -87,34 +88,43 @@ class ThroughputMeter:
   it. Each `lap(step)` measures the steps since the last mark, minus the seconds reported with
   `exclude` (evaluations, checkpoint saves), and returns step time, tokens/s, FLOP/s and MFU
   (encoder_jax.train.flops.throughput); `mark(step)` restarts the clock once the row is
-  written, so writing it is not counted either.
+  written, so writing it is not counted either. Where a step's work varies (fine-tuning), pass
+  tokens_per_step 0 and `count(examples=n, tokens=t)` each step; flops None leaves FLOP/s out.
   """
 
-  def __init__(self, flops_per_step: float, tokens_per_step: int, n_devices: int,
-               peak_per_device: float, clock: Callable[[], float] = time.perf_counter):
+  def __init__(self, flops_per_step: float | None, tokens_per_step: int,
+               n_devices: int = 1, peak_per_device: float = 0.0,
+               clock: Callable[[], float] = time.perf_counter):
     self.flops_per_step, self.tokens_per_step = flops_per_step, tokens_per_step
     self.n_devices, self.peak = n_devices, peak_per_device
     self.clock = clock
-    self.mark_t, self.mark_step, self.excluded_s = None, 0, 0.0
-    self.steady_s, self.steady_steps = 0.0, 0
+    self.mark_t, self.mark_step, self.excluded_s, self.counts = None, 0, 0.0, Counter()
+    self.steady_s, self.steady_steps, self.steady_counts = 0.0, 0, Counter()
 
   def mark(self, step: int) -> None:
-    self.mark_t, self.mark_step, self.excluded_s = self.clock(), step, 0.0
+    self.mark_t, self.mark_step, self.excluded_s, self.counts = self.clock(), step, 0.0, Counter()
 
   start = mark  # (after the compiling step)
 
   def exclude(self, seconds: float) -> None:
     self.excluded_s += seconds
 
+  def count(self, **amounts: float) -> None:
+    self.counts.update(amounts)
+
   def lap(self, step: int) -> dict[str, float]:
     n = step - self.mark_step
     if self.mark_t is None or n <= 0:
       return {}
     dt = max(self.clock() - self.mark_t - self.excluded_s, 1e-9)
+    self.counts["tokens"] += n * self.tokens_per_step
     self.steady_s += dt
     self.steady_steps += n
-    return dict(step_time_s=dt / n, tokens_per_s=n * self.tokens_per_step / dt,
-                **flops_lib.throughput(self.flops_per_step, dt / n, self.n_devices, self.peak))
+    self.steady_counts.update(self.counts)
+    row = dict(step_time_s=dt / n, **{f"{k}_per_s": v / dt for k, v in self.counts.items()})
+    if self.flops_per_step is not None:
+      row |= flops_lib.throughput(self.flops_per_step, dt / n, self.n_devices, self.peak)
+    return row
 
   def eta_s(self, steps_left: int) -> float:
     if not self.steady_steps:
@@ -122,14 +132,15 @@ class ThroughputMeter:
     return steps_left * self.steady_s / self.steady_steps
 
   def summary(self) -> dict[str, float | None]:
-    """Mean tokens/s, FLOP/s and MFU over every counted step; None when none was (a finished
-    run started again only evaluates)."""
-    if not self.steady_steps:
-      return dict(tokens_per_s=None, flops_per_s=None, mfu=None)
-    steps_per_s = self.steady_steps / self.steady_s
-    flops_per_s = steps_per_s * self.flops_per_step
-    return dict(tokens_per_s=steps_per_s * self.tokens_per_step, flops_per_s=flops_per_s,
-                mfu=flops_per_s / (self.n_devices * self.peak))
+    """Mean tokens/s (and other counts per second), FLOP/s and MFU over every counted step; None
+    when none was (a finished run started again only evaluates) or when unknown."""
+    out = dict(tokens_per_s=None, flops_per_s=None, mfu=None)
+    if self.steady_steps:
+      out |= {f"{k}_per_s": v / self.steady_s for k, v in self.steady_counts.items()}
+    if self.steady_steps and self.flops_per_step is not None:
+      flops_per_s = self.steady_steps / self.steady_s * self.flops_per_step
+      out |= dict(flops_per_s=flops_per_s, mfu=flops_per_s / (self.n_devices * self.peak))
+    return out
 
 
 class PendingMetrics:

@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 
 import jax
 import numpy as np
+import optax
 from absl import logging
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -115,10 +116,13 @@ def state_shardings(abstract_state: Any, mesh: Mesh,
                     rules: Sequence[tuple[str, str | None]] = RULES) -> Any:
   """NamedSharding for every leaf of an (abstract) train state / params tree."""
   specs = nnx.get_partition_spec(abstract_state)
-  is_spec = lambda x: isinstance(x, P)
+  # optax.MaskedNode (the state slot of a leaf another transform owns, e.g. a frozen encoder
+  # under optax.multi_transform) holds no array: it stays itself.
+  masked = lambda x: isinstance(x, optax.MaskedNode)
   return jax.tree.map(
-      lambda spec, leaf: NamedSharding(mesh, logical_to_mesh(spec, leaf.shape, mesh, rules)),
-      specs, abstract_state, is_leaf=is_spec)
+      lambda spec, leaf: leaf if masked(leaf) else NamedSharding(
+          mesh, logical_to_mesh(spec, leaf.shape, mesh, rules)),
+      specs, abstract_state, is_leaf=lambda x: isinstance(x, P) or masked(x))
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

@@ -1,16 +1,15 @@
-"""The jitted pre-training step: the objective's loss, its gradient, the optimizer update.
-
-The loss (corruption on device, MLM | ELECTRA + NSP/SOP) is
-encoder_jax.objectives.pretraining.loss_and_metrics, called with a key derived from
-`fold_in(seed_key, step)` (so a resumed run draws exactly the same masks, dropout and generator
-samples). `make_train_step` wraps it with `jax.value_and_grad`, the optax update and donation,
-under `jax.jit` with explicit shardings when given.
+"""The jitted train step of every trainer: `make_step` wraps a loss with `jax.value_and_grad`,
+the optax update and donation, under `jax.jit` with explicit shardings when given. Pre-training's
+loss (`train_loss`: encoder_jax.objectives.pretraining, corruption on device) draws its key from
+`fold_in(seed_key, step)`, so a resumed run draws exactly the same masks, dropout and generator
+samples; fine-tuning's is encoder_jax.objectives.finetune's.
 
 The train state is a pure pytree (`TrainState`), checkpointed as is by Orbax; the module
 structure (`graphdef`) is static, one for train mode (dropout on) and one for eval mode.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any, Callable, NamedTuple
 
@@ -90,33 +89,42 @@ def train_loss(tr: Trainer, params, step: jax.Array, batch
                                       train=True, mask_keys_B=static_keys(tr, batch))
 
 
-def make_train_step(tr: Trainer, state_shardings=None, batch_shardings=None):
-  """jit(state, batch) -> (state, metrics), donating the old state.
+def make_step(loss_fn: Callable, tx: optax.GradientTransformation, schedule, *,
+              state_shardings=None, batch_shardings=None, extra_shardings=(),
+              frozen: Callable[[Any], bool] | None = None):
+  """jit(state, batch, *extra) -> (state, metrics) of `loss_fn(params, step, batch, *extra) ->
+  (loss, metrics)`, donating the old state; metrics gain the loss, "grad_norm" and the learning
+  rate. Leaves whose path `frozen` marks get no gradient (XLA drops their backward pass) and
+  come back unchanged (a zero update could still turn -0.0 into +0.0). With shardings, it traces
+  under their abstract mesh: activations keep the batch split (model/activation_sharding.py)."""
+  mesh = next((s.mesh for s in jax.tree.leaves(state_shardings) if hasattr(s, "mesh")), None)
+  keep_frozen = lambda new, old: jax.tree_util.tree_map_with_path(
+      lambda path, n, o: o if frozen(path) else n, new, old)
 
-  With shardings, the step traces under their mesh (as an abstract mesh), so the model's
-  activations keep the batch split over the batch axes (model/activation_sharding.py)."""
-  mesh = None
-  if state_shardings is not None:
-    mesh = next(s.mesh for s in jax.tree.leaves(state_shardings) if hasattr(s, "mesh"))
-
-  def train_step(state: TrainState, batch):
-    loss_fn = lambda params: train_loss(tr, params, state.step, batch)
-    if mesh is not None:
-      with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-        (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-    else:
-      (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-    updates, opt_state = tr.tx.update(grads, state.opt_state, state.params)
+  def train_step(state: TrainState, batch, *extra):
+    loss_of = lambda p: loss_fn(p if frozen is None else keep_frozen(p, jax.lax.stop_gradient(p)),
+                                state.step, batch, *extra)
+    with (contextlib.nullcontext() if mesh is None
+          else jax.sharding.use_abstract_mesh(mesh.abstract_mesh)):
+      (loss, metrics), grads = jax.value_and_grad(loss_of, has_aux=True)(state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics["grad_norm"] = optax.tree.norm(grads)
-    metrics["learning_rate"] = jnp.asarray(tr.schedule(state.step), jnp.float32)
+    if frozen is not None:
+      params = keep_frozen(params, state.params)
+    metrics = {"loss": loss, **metrics, "grad_norm": optax.tree.norm(grads),
+               "learning_rate": jnp.asarray(schedule(state.step), jnp.float32)}
     return TrainState(state.step + 1, params, opt_state), metrics
 
-  kw = {}
-  if state_shardings is not None:
-    kw = dict(in_shardings=(state_shardings, batch_shardings),
-              out_shardings=(state_shardings, None))
+  kw = {} if mesh is None else dict(
+      in_shardings=(state_shardings, batch_shardings, *extra_shardings),
+      out_shardings=(state_shardings, None))
   return jax.jit(train_step, donate_argnums=(0,), **kw)
+
+
+def make_train_step(tr: Trainer, state_shardings=None, batch_shardings=None):
+  """The pre-training step: make_step of `train_loss` (jit(state, batch) -> (state, metrics))."""
+  return make_step(lambda p, step, batch: train_loss(tr, p, step, batch), tr.tx, tr.schedule,
+                   state_shardings=state_shardings, batch_shardings=batch_shardings)
 
 
 def make_eval_step(tr: Trainer, eval_seed: int = 1234):

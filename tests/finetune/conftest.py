@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny WordPiece vocab for TFDS mock text and a tiny random-encoder config.
+"""Shared fixtures: a tiny WordPiece vocab for TFDS mock text, a tiny random-encoder config, and
+a recorder of the train steps encoder_jax.train.step.make_step builds.
 
 tfds.testing.mock_data fills Text features with random strings over 'a'-'j' and spaces, so a
 vocab of the specials, those letters and their '##' continuations tokenizes any of them.
@@ -6,6 +7,9 @@ vocab of the specials, those letters and their '##' continuations tokenizes any 
 import pathlib
 
 import pytest
+
+from encoder_jax.finetune import trainer
+from encoder_jax.train import step as step_lib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 from configs import finetune as finetune_config  # noqa: E402
@@ -41,3 +45,27 @@ def make_tiny_config(task: str, vocab: str, **changes):
                 learning_rate=1e-3, log_every=1, cache_dir="", data_dir=""))
   c.update(changes)
   return c
+
+
+@pytest.fixture
+def made_steps(monkeypatch):
+  """Every step train.step.make_step builds while the test runs, in order: a dict of its
+  arguments ("args", "kw"), the function it returned ("step", "jitted") and each call's
+  (state and batch before the call, as host copies; extra arguments; metrics)."""
+  real, made = step_lib.make_step, []
+
+  def make_step(loss_fn, tx, schedule, **kw):
+    record = dict(args=(loss_fn, tx, schedule), kw=kw, calls=[],
+                  jitted=real(loss_fn, tx, schedule, **kw))
+
+    def step(state, batch, *extra):
+      before = trainer.host_copy((state, batch))  # (the step donates the state)
+      state, metrics = record["jitted"](state, batch, *extra)
+      record["calls"].append((before, extra, metrics))
+      return state, metrics
+    record["step"] = step
+    made.append(record)
+    return step
+
+  monkeypatch.setattr(step_lib, "make_step", make_step)
+  return made

@@ -1,5 +1,6 @@
 """The tagger loss reads first subtokens only; freezing and eval mode are different switches,
-both set from the run config (trainer.build_steps)."""
+both set from the run config (trainer.build_steps), freezing through the shared step's
+`frozen` (train.step.make_step)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,6 +9,7 @@ from flax import nnx
 from encoder_jax.finetune import tasks, trainer
 from encoder_jax.finetune.backbone import Backbone, build_model
 from encoder_jax.model.config import ModelConfig
+from encoder_jax.objectives.finetune import task_loss
 from encoder_jax.train.step import TrainState
 
 
@@ -21,7 +23,7 @@ def test_tagger_loss_ignores_non_first_subtokens_and_pads(tiny_vocab):
   assert (~ignored_BxT).sum() == 4 and ignored_BxT[:, 0].all()
   batch = {"labels": jnp.asarray(labels_BxT), "weights": jnp.ones(2, jnp.float32)}
   logits = jax.random.normal(jax.random.key(0), labels_BxT.shape + (5,))
-  loss_fn = lambda lg: trainer.task_loss("tag", {"logits": lg}, batch)[0]
+  loss_fn = lambda lg: task_loss("tag", {"logits": lg}, batch)[0]
   noise = 1e3 * jax.random.normal(jax.random.key(1), logits.shape)
   perturbed = jnp.where(jnp.asarray(ignored_BxT)[..., None], logits + noise, logits)
   assert loss_fn(perturbed) == loss_fn(logits)
@@ -30,8 +32,8 @@ def test_tagger_loss_ignores_non_first_subtokens_and_pads(tiny_vocab):
   assert (np.abs(np.asarray(grad)[~ignored_BxT]).sum(-1) > 0).all()
   # Padded (weight-0) rows of a last partial batch are ignored too.
   half = dict(batch, weights=jnp.array([1.0, 0.0]))
-  one_row = trainer.task_loss("tag", {"logits": logits}, half)[0]
-  assert one_row == trainer.task_loss(
+  one_row = task_loss("tag", {"logits": logits}, half)[0]
+  assert one_row == task_loss(
       "tag", {"logits": logits[:1]}, {"labels": batch["labels"][:1],
                                       "weights": jnp.ones(1)})[0]
 
@@ -77,9 +79,11 @@ def _changed(before, after, encoder: bool):
           if trainer.is_encoder_param(p) == encoder}
 
 
-def test_freezing_keeps_encoder_bit_identical_and_trains_the_head(tiny_config):
+def test_freezing_keeps_encoder_bit_identical_and_trains_the_head(tiny_config, made_steps):
   # Dropout on (train mode): freezing is not eval mode, and still nothing in the encoder moves.
   before, after = _train_steps(tiny_config, freeze=True, dropout=True)
+  [made] = made_steps  # the shared step, told which leaves to keep
+  assert made["kw"]["frozen"] is trainer.is_encoder_param and len(made["calls"]) == 2
   enc = _changed(before, after, encoder=True)
   assert enc and not any(enc.values()), [k for k, v in enc.items() if v]
   head = _changed(before, after, encoder=False)
@@ -97,8 +101,7 @@ def test_freezing_cuts_the_encoders_gradient_and_update(tiny_config):
   diluted by encoder gradients), and the optimizer updates no encoder parameter."""
   steps, tx, params = _setup(tiny_config, freeze=True, dropout=False, n=1)
   batch = _batch()
-  loss = lambda p: trainer.task_loss("classify", nnx.merge(steps.graphdef_eval, p)(batch),
-                                     batch)[0]
+  loss = lambda p: task_loss("classify", nnx.merge(steps.graphdef_eval, p)(batch), batch)[0]
   grads = jax.jit(jax.grad(loss))(params)
   flat = jax.tree_util.tree_flatten_with_path(grads)[0]
   head_norm = np.sqrt(sum(float(jnp.sum(g * g)) for p, g in flat
@@ -129,9 +132,9 @@ def test_dropout_only_while_training(tiny_config):
   for dropout in (True, False):
     steps, tx, params = _setup(tiny_config, freeze=False, dropout=dropout, n=1)
     state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
-    predicted = trainer.task_loss("classify", steps.predict(params, batch), batch)[0]
-    assert float(predicted) == float(trainer.task_loss(
-        "classify", steps.predict(params, batch), batch)[0])
+    predicted = task_loss("classify", steps.predict(params, batch), batch)[0]
+    assert float(predicted) == float(task_loss("classify", steps.predict(params, batch),
+                                               batch)[0])
     _, m = steps.train(state, batch, jax.random.key(0))
     if dropout:
       assert abs(float(m["loss"]) - float(predicted)) > 1e-4
@@ -148,43 +151,3 @@ def test_length_grouped_order_is_a_permutation_with_aligned_batches():
   # The 11-row remainder is the last batch, so every other batch is full and homogeneous.
   tail = order[992:]
   assert len(tail) == 11 and np.ptp(lengths[order[:32]]) <= 5
-
-
-def test_steps_are_reused_only_for_the_same_program(tiny_config):
-  """build_steps hands a later run of this process the steps of an earlier one only when they
-  would be the same program: same structure and mode, kind, config, number of steps and mesh.
-  A reused schedule of the wrong length, or a reused freeze/dropout switch, would train wrong
-  without any error, so every differing input must build new steps."""
-  trainer._STEPS_CACHE.clear()
-  spec = tasks.get_task("glue/cola")
-
-  def build(seed=0, rows=4, cfg=CFG, kind="classify", **changes):
-    model = build_model(Backbone(cfg, None, None, "random"), kind, 2, pooling="cls", seed=seed)
-    config = tiny_config("glue/cola", "", **{"learning_rate": 1e-2, "warmup_frac": 0.5,
-                                              "epochs": 1, "batch_size": 2, **changes})
-    data = {"train": tasks.Encoded({k: v[:rows] for k, v in _batch().items()})}
-    return trainer.build_steps(spec, model, data, config)
-
-  first = build()
-  assert build(seed=1) is first  # other parameter values, same program
-  others = [build(rows=2),  # 1 step instead of 2: a shorter schedule
-            build(learning_rate=2e-2), build(freeze_encoder=True), build(dropout=False),
-            build(cfg=CFG.replace(norm_first=not CFG.norm_first)), build(kind="regress")]
-  assert all(o is not first for o in others)
-  assert len({id(o) for o in others}) == len(others)
-  # A reused step trains exactly like freshly built ones.
-  def train_once(steps_and_tx):
-    steps, tx = steps_and_tx
-    model = build_model(Backbone(CFG, None, None, "random"), "classify", 2, pooling="cls",
-                        seed=3)
-    params = nnx.state(model, nnx.Param)
-    state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
-    for _ in range(2):
-      state, m = steps.train(state, _batch(), jax.random.key(0))
-    return trainer.host_copy(state.params), float(m["learning_rate"])
-  reused = train_once(build(seed=2))
-  trainer._STEPS_CACHE.clear()
-  fresh = train_once(build(seed=2))
-  assert reused[1] == fresh[1]
-  for a, b in zip(jax.tree.leaves(reused[0]), jax.tree.leaves(fresh[0])):
-    np.testing.assert_array_equal(a, b)

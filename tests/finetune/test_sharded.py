@@ -57,3 +57,28 @@ def test_the_trainer_reads_a_frozen_config_made_once(tiny_config):
     t.learning_rate = 1.0
   config.learning_rate = 5.0  # the ConfigDict changing later does not reach the view
   assert t.learning_rate == 2e-3
+
+
+def test_a_frozen_encoder_fine_tunes_on_the_sharded_mesh(tiny_config):
+  """freeze_encoder on a mesh (what finetune_and_evaluate always passes): the optimizer state
+  of frozen leaves is optax.MaskedNode, which the state's shardings keep as is; the encoder's
+  parameters stay bit-identical through a sharded run, the head's move."""
+  if jax.device_count() < 8:
+    pytest.skip("needs 8 (fake) devices: XLA_FLAGS=--xla_force_host_platform_device_count=8")
+  config = tiny_config("rotten_tomatoes", "minilm", max_train_examples=32, max_eval_examples=16,
+                       max_length=64, epochs=1, batch_size=16, eval_batch_size=16,
+                       learning_rate=1e-2, log_every=100, freeze_encoder=True)
+  model = backbone.build_model(backbone.Backbone(CFG, None, None, "random"), "classify", 2,
+                               pooling="cls", seed=0)
+  before = trainer.host_copy(nnx.state(model, nnx.Param))
+  spec = tasks.get_task("rotten_tomatoes")
+  data = run.load_data(spec, WordPieceTokenizer.from_vocab(fetch.minilm_vocab()), config)
+  steps_and_tx = trainer.build_steps(spec, model, data, config,
+                                     mesh=sharding.mesh_from_config("2,2,2"))
+  trainer.finetune_one_seed(spec, model, data, config, 0, steps_and_tx)
+  after = trainer.host_copy(nnx.state(model, nnx.Param))
+  same = lambda a, b: all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a),
+                                                                jax.tree.leaves(b)))
+  assert same(before["encoder"], after["encoder"])
+  assert not same({k: v for k, v in before.items() if k != "encoder"},
+                  {k: v for k, v in after.items() if k != "encoder"})
