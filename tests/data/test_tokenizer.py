@@ -105,8 +105,8 @@ def test_trained_vocab_file_is_in_canonical_order(tmp_path):
   trainer's own id order changes from run to run), so the corpus cache keyed by the file's hash
   is reused whenever the set is the same."""
   text = SENTENCES * 20 + PAIRS_B * 20
-  lines = train_vocab(text, vocab_size=200, out_path=tmp_path / "v.txt") and (
-      tmp_path / "v.txt").read_text().splitlines()
+  train_vocab(text, vocab_size=200, out_path=tmp_path / "v.txt")
+  lines = (tmp_path / "v.txt").read_text().splitlines()
   assert lines[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
   assert lines[5:] == sorted(lines[5:]) and len(set(lines)) == len(lines)
 

@@ -137,15 +137,21 @@ def test_variant_targets():
   inputs = electra_inputs_j(masked, np.array([[10, 99, 0], [55, 0, 0]], np.int32))
   valid = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]], np.int32)
   targets = jax.jit(electra.main_targets, static_argnums=0)
+  # By hand from hand_masked: chosen (0, 1), (0, 3), (1, 2) sampled 10 (= original), 99, 55.
+  replaced = [[0, 0, 0, 1, 0], [0, 0, 1, 0, 0]]
+  chosen = [[0, 1, 0, 1, 0], [0, 0, 1, 0, 0]]
   lab, w = targets(electra.get_variant("electra"), inputs, valid)
-  np.testing.assert_array_equal(lab, np.asarray(inputs.replaced_BxT).astype(int))
+  np.testing.assert_array_equal(lab, replaced)  # every non-pad token is judged
   np.testing.assert_array_equal(w, valid)
-  _, w15 = targets(electra.get_variant("electra_15"), inputs, valid)
-  np.testing.assert_array_equal(w15, inputs.chosen_BxT)
-  lab_r, _ = targets(electra.get_variant("replace_mlm"), inputs, valid)
-  np.testing.assert_array_equal(lab_r, np.where(inputs.chosen_BxT, inputs.original_BxT, -100))
-  lab_a, _ = targets(electra.get_variant("all_tokens_mlm"), inputs, valid)
-  np.testing.assert_array_equal(lab_a, np.where(valid, inputs.original_BxT, -100))
+  lab15, w15 = targets(electra.get_variant("electra_15"), inputs, valid)
+  np.testing.assert_array_equal(lab15, replaced)  # judged at the chosen 15% only
+  np.testing.assert_array_equal(w15, chosen)
+  lab_r, w_r = targets(electra.get_variant("replace_mlm"), inputs, valid)
+  np.testing.assert_array_equal(lab_r, [[-100, 10, -100, 12, -100], [-100, -100, 21, -100, -100]])
+  np.testing.assert_array_equal(w_r, chosen)
+  lab_a, w_a = targets(electra.get_variant("all_tokens_mlm"), inputs, valid)
+  np.testing.assert_array_equal(lab_a, [[1, 10, 11, 12, 2], [1, 20, 21, 2, -100]])
+  np.testing.assert_array_equal(w_a, valid)
   with pytest.raises(ValueError, match="electra_15"):
     electra.get_variant("electra15")
   assert electra.electra_total_loss(2.0, 0.1) == pytest.approx(7.0)

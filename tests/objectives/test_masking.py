@@ -53,6 +53,12 @@ def test_count_is_exact_and_rounds_like_python():
     want = [python_count(int(m), rate, P) for m in maskable.sum(1)]
     np.testing.assert_array_equal(got, want, err_msg=f"rate={rate}")
     np.testing.assert_array_equal((np.asarray(mb.labels_BxT) != IGNORE_LABEL).sum(1), want)
+    # Hand-computed rows (maskable count k -> n), independent of python_count: at least 1
+    # when anything is maskable, ties to even (0.15 * 30 = 4.5 -> 4, 0.5 * 5 = 2.5 -> 2,
+    # 0.5 * 7 = 3.5 -> 4), capped at P = 8.
+    by_hand = {0.15: {0: 0, 1: 1, 3: 1, 10: 2, 30: 4, 50: 8, 60: 8},
+               0.5: {1: 1, 3: 2, 5: 2, 7: 4, 10: 5, 30: 8}}[rate]
+    assert {k: int(got[k]) for k in by_hand} == by_hand, rate
 
 
 def test_num_tokens_override_counts_specials_like_bert():
