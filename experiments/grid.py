@@ -22,18 +22,17 @@ import math
 import re
 from typing import Any, Callable, Mapping, Sequence
 
-# BERT uncased WordPiece (data.vocab "minilm", what the BERT-base grids use): 30,522 ids.
-BERT_UNCASED_VOCAB = 30_522
-# data.vocab "demo": the WordPiece vocab trained on the demo corpus (encoder_jax.data.builders).
-DEMO_VOCAB_SIZE = 8192
-
 
 def vocab_size_of(vocab: str) -> int:
-  """The number of ids of a `data.vocab` spec, without building it: "minilm" 30,522,
-  "demo[:<size>]" its size, a vocab.txt path its line count."""
+  """The number of ids of a `data.vocab` spec, without building it: "minilm" (BERT uncased)
+  30,522, "demo[:<size>]" its size (default 8192), a vocab.txt path its line count."""
+  # The sizes are the package's constants, imported here: experiments.run imports this module
+  # before it may import JAX.
   if vocab == "minilm":
-    return BERT_UNCASED_VOCAB
+    from encoder_jax.model.config import BERT_VOCAB_SIZE
+    return BERT_VOCAB_SIZE
   if vocab == "demo" or vocab.startswith("demo:"):
+    from encoder_jax.data.builders import DEMO_VOCAB_SIZE
     return int(vocab.partition(":")[2] or DEMO_VOCAB_SIZE)
   with open(vocab, encoding="utf-8") as f:
     return sum(1 for _ in f)
@@ -152,7 +151,7 @@ def flops_per_step(config, vocab_size: int | None = None) -> float:
   vocabulary size defaults to that of `config.data.vocab`."""
   from encoder_jax.objectives.pretraining import ObjectiveConfig, default_max_predictions
   from encoder_jax.train import flops as flops_lib
-  from encoder_jax.train.loop import model_config
+  from encoder_jax.train.setup import model_config
   cfg = model_config(config, vocab_size or vocab_size_of(config.data.vocab))
   o = config.objective
   max_pred = o.max_predictions or default_max_predictions(o.objective, o.mask_rate,

@@ -2,8 +2,9 @@
 vs pre-LN, static vs dynamic masking.
 
 Each grid exists at three scales:
-  demo  what this repo's CPU reproductions ran (experiments/results/<grid>/): a tiny encoder on
-        the demo corpus, minutes per point on 2 CPU cores.
+  demo  what this repo's CPU reproductions ran (experiments/results/<grid>/; results of an older
+        recipe or code in experiments/results/history/<grid>/): a tiny encoder on the demo
+        corpus, minutes per point on 2 CPU cores.
   gpu   the same comparisons on one H100/H200 (experiments/results/<grid>_gpu/): an
         ELECTRA-Small-shaped encoder (12 x 256) in bf16 on the demo corpus, all four main grids
         in about 9 minutes in one process (`bash bench/gpu_grids.sh`; sizing below, GPU_*).
@@ -36,6 +37,8 @@ _DEMO_FT_SEEDS = 3
 # 600 steps, so no finding could show). Each point evaluates on 32 held-out batches at its end.
 # Grids (b)-(e) ran with the recipe's rows of 128 tokens in batches of 8 (the demo itself now
 # uses 16 x 64, the same tokens a step); pinned, so the points are still the ones that ran.
+# Their committed results are history (experiments/results/history/<grid>/PROVENANCE.md: fp32
+# matmuls and remat "dots" then, the recipe's precision=auto and remat "full" now).
 # (a) was re-run on the main job's recipe as it is (see electra_vs_mlm).
 _DEMO_RUN = {"train.log_every": 100, "train.eval_steps": 32, "train.keep": 1,
              "data.max_length": 128, "data.batch_size": 8}
@@ -51,9 +54,9 @@ _BASE_TASKS = ("glue/mnli", "glue/qnli", "glue/qqp", "glue/sst2", "glue/cola", "
 def _demo_finetune(seeds: int = _DEMO_FT_SEEDS, lr: float | None = 1e-3
                    ) -> tuple[FinetuneJob, ...]:
   """The main job's fine-tuning; by default at the lr 1e-3 and the 2,000 sentiment rows the
-  committed results of grids (b) to (e) were measured with (the main job itself has since moved
-  to lr 2e-3 and 4,000 sentiment rows: configs/finetune.py demo(); lr=None keeps the main
-  job's)."""
+  committed results of grids (b) to (e) (experiments/results/history/) were measured with (the
+  main job itself has since moved to lr 2e-3 and 4,000 sentiment rows: configs/finetune.py
+  demo(); lr=None keeps the main job's)."""
   over = {} if lr is None else {"learning_rate": lr, "max_train_examples": 2000}
   return (FinetuneJob("rotten_tomatoes", seeds=seeds, run="demo", overrides=over),
           FinetuneJob("brown_pos", seeds=seeds, run="demo", overrides=over))
@@ -85,7 +88,9 @@ def _roberta_base(source: str) -> dict:
 # demo recipe's 2e-3 was chosen at batch 8 on 2 layers; ELECTRA-Small used 5e-4 over 1M steps).
 #
 # Sizing. Nothing here has run on a GPU yet; the budget is an estimate from these numbers:
-GPU_PEAK_FLOPS = 989e12  # H100/H200 SXM dense bf16 (encoder_jax.train.flops' peak table)
+# The GPU the budget is sized for; its dense bf16 peak (SXM: 989 TFLOP/s) is the one in
+# encoder_jax.train.flops' table (gpu_peak_flops).
+GPU_DEVICE_KIND = "NVIDIA H200"
 # Model FLOPs utilisation of a 12 x 256 encoder at 16k tokens a step: each matmul is a few
 # GFLOP (microseconds at peak), so kernel launches and element-wise passes dominate; BERT-base
 # reaches ~40-50% on such GPUs, a model this narrow far less. Assumed, not measured:
@@ -115,12 +120,19 @@ def _gpu_points(steps: int, warmup_of: int | None = None) -> dict:
           "train.eval_steps": 8, "train.checkpoint_every": steps, "train.keep": 1}
 
 
+def gpu_peak_flops() -> float:
+  """GPU_DEVICE_KIND's dense bf16 peak FLOP/s, encoder_jax.train.flops.peak_flops_per_device
+  (imported here: experiments.run imports this module before it may import JAX)."""
+  from encoder_jax.train import flops
+  return flops.peak_flops_per_device(GPU_DEVICE_KIND)
+
+
 def gpu_seconds(grid: Grid) -> float:
   """Estimated seconds of `grid` on one H100/H200 in one process (without the start-up):
   training FLOPs at GPU_MFU plus GPU_POINT_S and GPU_FINETUNE_S per job for every point."""
   flops = sum(p.total_flops for p in grid.points)
   fixed = sum(GPU_POINT_S + GPU_FINETUNE_S * len(p.finetune) for p in grid.points)
-  return flops / (GPU_PEAK_FLOPS * GPU_MFU) + fixed
+  return flops / (gpu_peak_flops() * GPU_MFU) + fixed
 
 
 def _scale_error(scale: str) -> ValueError:

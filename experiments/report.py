@@ -4,6 +4,9 @@
   write_report(grid, workdir, out_dir)     # results.csv, results.md, loss_vs_flops.png,
                                            # downstream_vs_flops.png (grids with fine-tuning)
 
+results.md opens with the commit and date of the runs behind it and every recorded invocation
+(from <out_dir>/provenance.json, which experiments.run appends to: experiments.provenance).
+
 Reads only what runs leave on disk (pretrain/summary.json, pretrain/metrics.jsonl,
 ft_<task>/results.json), so a report can be regenerated at any time, also from a partial
 grid (unfinished points show as such) or from runs copied back from a pod.
@@ -21,7 +24,7 @@ import pathlib
 import statistics
 from typing import Any, Sequence
 
-from experiments import grids, runner
+from experiments import grids, provenance, runner
 from experiments.grid import Grid, Point
 
 # The first present per task: accuracy where the task has it (the demo tasks; sentiment's
@@ -340,7 +343,8 @@ def write_report(grid: Grid, workdir, out_dir, points=None) -> dict[str, pathlib
   files = {"csv": out / "results.csv", "md": out / "results.md",
            "loss_png": out / "loss_vs_flops.png"}
   write_csv(rows, files["csv"])
-  md = markdown(grid, rows)
+  # What produced the runs (experiments.provenance, recorded by experiments.run) comes first.
+  md = "\n".join(provenance.summary_lines(provenance.read(out))) + "\n\n" + markdown(grid, rows)
   if grid.anchor:
     md += f"\n\nPublished finding: {grid.anchor}\n"
   files["md"].write_text(md + "\n")
@@ -365,7 +369,7 @@ def duration(seconds: float) -> str:
 def gpu_plan_lines(grid, mfu: float) -> list[str]:
   """One H100/H200 in one process: training FLOPs at `mfu` plus the per-point and
   per-fine-tuning-job costs of experiments.grids (GPU_POINT_S, GPU_FINETUNE_S)."""
-  rate = grids.GPU_PEAK_FLOPS * mfu
+  rate = grids.gpu_peak_flops() * mfu
   lines = [f"| point | steps | FLOPs/step | total FLOPs | est. time on one H200 (MFU {mfu:.0%} "
            f"+ {grids.GPU_POINT_S:g} s a point + {grids.GPU_FINETUNE_S:g} s a fine-tuning "
            "job) | fine-tuning |", "|---|---|---|---|---|---|"]

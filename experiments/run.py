@@ -13,7 +13,10 @@ H100/H200, ~9 min for the first four) or --scale=base (BERT-base, for a TPU pod 
 --grid takes one name, a comma-separated list, or `all` (the four main grids; generator_size is
 named explicitly). `run` executes unfinished points in order and skips finished ones: kill it at
 any time and run the same command again. The report goes to --out (default
-experiments/results/<grid>, <grid>_gpu or <grid>_base, where committed results live).
+experiments/results/<grid>, <grid>_gpu or <grid>_base, where committed results live); `run`,
+`report` and `plan` append what produced it (git commit and dirty files, date, command line,
+the grid's configs, host, jax/flax/optax versions) to <out>/provenance.json, one record per
+invocation (experiments/provenance.py), and results.md opens with the commit and date.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ import time
 
 from absl import app, flags
 
-from experiments import grids, report, runner
+from experiments import grids, provenance, report, runner
 
 _GRID = flags.DEFINE_list(
     "grid", None, "The grid(s) to work on: one of " + ", ".join(grids.GRIDS) + ", several "
@@ -67,9 +70,10 @@ _KEEP_GOING = flags.DEFINE_bool("keep_going", False, "run: a failed point is rep
 _RERUN = flags.DEFINE_bool("rerun_changed", False, "run: redo points whose definition changed "
                            "since they ran (their old directory is deleted).")
 _DEVICE = flags.DEFINE_string("plan_device", "", "--action=plan: the device to estimate time "
-                              "on: v4-N (N/2 chips of 275 TFLOP/s bf16) or h200 (one H100/H200, "
-                              "with experiments.grids' per-point start-up costs). Default: h200 "
-                              "for --scale=gpu, else v4-32.")
+                              "on: v4-N (N/2 chips at encoder_jax.train.flops' TPU v4 peak, 275 "
+                              "TFLOP/s bf16) or h200 (one H100/H200, with experiments.grids' "
+                              "per-point start-up costs). Default: h200 for --scale=gpu, else "
+                              "v4-32.")
 _MFU = flags.DEFINE_float("plan_mfu", 0.0, "--action=plan: assumed model FLOPs utilisation; 0 "
                           "= the device's default: 0.45 on v4 (MaxText reports 46-71% on TPU; "
                           "BERT-base at seq 128 sits lower), experiments.grids.GPU_MFU on h200.")
@@ -84,7 +88,8 @@ def plan_lines(grid, device: str, mfu: float) -> list[str]:
   if not device.startswith("v4-"):
     raise app.UsageError(f"--plan_device={device!r}: choose v4-N (a TPU slice) or h200.")
   chips = int(device.split("-")[1]) // 2  # v4-N counts TensorCores, two per chip
-  peak = chips * 275e12
+  from encoder_jax.train import flops  # not at the top: JAX after cli.enable_compilation_cache
+  peak = chips * flops.peak_flops_per_device("TPU v4")  # per chip (megacore: one device)
   lines = [f"| point | steps | FLOPs/step | total FLOPs | est. time on {device} "
            f"({chips} chips, MFU {mfu:.0%}) | fine-tuning |", "|---|---|---|---|---|---|"]
   total = 0.0
@@ -157,9 +162,13 @@ def main(argv):
 def run_one(grid, name: str, workdir: str, out: str) -> None:
   points = grid.select(_ONLY.value) if _ONLY.value else grid.points
   action = _ACTION.value
+  if action in ("run", "report", "plan"):  # what produced the folder's files, appended
+    rec = provenance.record(out, grid, action=action, scale=_SCALE.value, points=points,
+                            workdir=None if action == "plan" else workdir)
   if action == "plan":
     device = _DEVICE.value or ("h200" if _SCALE.value == "gpu" else "v4-32")
     text = "\n".join([f"### {grid.title} ({_SCALE.value} scale)", "",
+                      provenance.planned_line(rec), "",
                       *plan_lines(grid, device, _MFU.value), "",
                       "Launch: `python -m experiments.run --grid=" + name + " --scale="
                       + _SCALE.value + " --action=launch --launcher=tpu_pod|slurm`"])

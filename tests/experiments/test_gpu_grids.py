@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from experiments import grids, report, runner
+from experiments import grids, provenance, report, runner
 from experiments.grid import flops_per_step
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -23,7 +23,7 @@ def test_gpu_scale_fits_its_budget_by_the_stated_estimate():
   assert total <= grids.GPU_BUDGET_S == 540
   # the estimate is not all start-up: at least a sixth of it trains
   flops = sum(p.total_flops for n in grids.GPU_GRIDS for p in grids.get_grid(n, "gpu").points)
-  assert flops / (grids.GPU_PEAK_FLOPS * grids.GPU_MFU) > total / 6
+  assert flops / (grids.gpu_peak_flops() * grids.GPU_MFU) > total / 6
 
 
 @pytest.mark.parametrize("name", grids.GPU_GRIDS)
@@ -63,7 +63,7 @@ def test_gpu_static_masking_repeats_masks_as_bert_did():
 @pytest.mark.parametrize("scale", grids.SCALES)
 def test_generator_size_grid(scale):
   from encoder_jax.model.electra import generator_config
-  from encoder_jax.train.loop import model_config
+  from encoder_jax.train.setup import model_config
   g = grids.get_grid("generator_size", scale)
   assert grids.GRIDS["generator_size"] is grids.generator_size
   gens = list(dict.fromkeys(p.labels["gen"] for p in g.points))
@@ -90,7 +90,7 @@ def test_generator_size_grid(scale):
 
 def test_base_electra_grid_uses_electra_bases_one_third_generator():
   from encoder_jax.model.electra import generator_config
-  from encoder_jax.train.loop import model_config
+  from encoder_jax.train.setup import model_config
   for p in grids.electra_vs_mlm("base").points:
     cfg = p.config()
     assert cfg.objective.gen_hidden_frac == pytest.approx(1 / 3)
@@ -213,7 +213,12 @@ def test_gpu_grids_script_dry_run_end_to_end(tmp_path):
     for r in rows:  # 3 steps leave every point on the plateau: done, but "stalled"
       assert r["status"] in ("done", "stalled") and r["steps"] == "3", r
       assert r["rotten_tomatoes_seeds"] == r["brown_pos_seeds"] == "1", r
-    assert (out / "results.md").read_text().startswith("### ")
+    # what produced it heads the report, from the record the run appended (experiments.provenance)
+    md = (out / "results.md").read_text()
+    assert md.startswith("**Produced by** commit ") and "\n### " in md
+    (rec,) = provenance.read(out)
+    assert rec["action"] == "run" and rec["grid"]["name"] == name
+    assert [p["name"] for p in rec["points"]] == kept
     assert (out / "loss_vs_flops.png").exists() and (out / "downstream_vs_flops.png").exists()
     pdir = tmp_path / "runs" / f"{name}_gpu_dry_run" / rows[0]["point"]
     assert "# in process: python -m encoder_jax.main" in (pdir / "pretrain.log").read_text()

@@ -3,13 +3,14 @@ on small fabricated result files (no training here: the runner's `execute` is fa
 import csv
 import json
 import math
+import os
 import pathlib
 import subprocess
 import sys
 
 import pytest
 
-from experiments import grids, report, runner
+from experiments import grids, provenance, report, runner
 from experiments.grid import FinetuneJob, Grid, PointSpec, expand, flops_per_step, \
     resolve_config
 
@@ -335,11 +336,19 @@ def test_report_of_an_unstarted_grid_shows_todo(tmp_path):
   assert math.isnan(rows[0]["final_train_curve"])
 
 
-def test_cli_plan_and_help():
+def test_cli_plan_and_help(tmp_path):
+  # --out: a plan without it would append to the committed experiments/results/ folder
   out = subprocess.run([sys.executable, "-m", "experiments.run", "--grid=electra_vs_mlm",
-                        "--scale=base", "--action=plan"], cwd=REPO, capture_output=True,
-                       text=True, check=True).stdout
+                        "--scale=base", "--action=plan", f"--out={tmp_path}"], cwd=REPO,
+                       capture_output=True, text=True, check=True).stdout
   assert "objective=replace_mlm" in out and "6.4e+19" in out and "v4-32" in out
+  # the plan records what computed it (experiments.provenance), and says so under its title
+  (rec,) = provenance.read(tmp_path)
+  assert rec["action"] == "plan" and rec["grid"]["scale"] == "base"
+  assert rec["command"] == ("python -m experiments.run --grid=electra_vs_mlm --scale=base "
+                            f"--action=plan --out={tmp_path}")
+  assert rec["git"]["commit"] == _git_head() and "status_before" not in rec["points"][0]
+  assert f"Planned at commit `{_git_head()[:12]}`" in (tmp_path / "plan.md").read_text()
   help_text = subprocess.run([sys.executable, "-m", "experiments.run", "--helpfull"], cwd=REPO,
                              capture_output=True, text=True).stdout
   for flag in ("--grid", "--action", "--only", "--launcher", "keep_going", "--plan_mfu"):
@@ -392,3 +401,81 @@ def test_finetune_command_of_a_multi_axis_point_reaches_its_checkpoint(tmp_path)
   cfg = finetune_config.get_config(arg.partition(":")[2])
   assert cfg.init == f"ckpt:{tmp_path / 'objective=mlm,seed=1' / 'pretrain' / 'checkpoints'}"
   assert cfg.task == "brown_pos" and cfg.pooling == "mean"  # the run=demo preset applied
+
+
+# ------------------------------------------------------------------ provenance
+
+
+def _git_head() -> str:
+  return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                        check=True).stdout.strip()
+
+
+def _plain(config) -> dict:
+  return json.loads(json.dumps(config.to_dict(), default=str))
+
+
+def test_provenance_records_commit_and_config_and_appends_each_invocation(tmp_path):
+  """A grid resumed over two invocations keeps both records in its results folder: the repo's
+  commit and dirty files, the command, each point's config (rebuilt from the record alone it is
+  the config that ran), the host and package versions; results.md opens with the commit."""
+  import flax
+  import jax
+  grid, out, runs = _tiny_grid(), tmp_path / "out", tmp_path / "runs"
+  argv = [str(REPO / "experiments" / "run.py"), "--grid=g", f"--out={out}"]
+  def modified():
+    return set(subprocess.run(["git", "diff", "--name-only", "HEAD", "--"], cwd=REPO,
+                              capture_output=True, text=True, check=True).stdout.split())
+  before = modified()
+  first = provenance.record(out, grid, action="run", scale="demo", workdir=runs, argv=argv)
+  after = modified()  # (others may edit the tree meanwhile: the record lies between the two)
+  assert first["git"]["commit"] == _git_head()
+  assert before & after <= set(first["git"]["modified"]) <= before | after
+  assert first["git"]["dirty"] == bool(first["git"]["modified"])
+  assert first["git"]["modified"] == sorted(first["git"]["modified"])
+  assert first["command"] == f"python -m experiments.run --grid=g --out={out}"
+  assert first["grid"]["name"] == "g" and first["grid"]["workdir"] == str(runs)
+  assert first["host"]["cores"] == os.cpu_count() and first["host"]["cpu"] != "unknown"
+  assert first["packages"]["jax"] == jax.__version__
+  assert first["packages"]["flax"] == flax.__version__ and first["packages"]["optax"]
+  assert [p["status_before"] for p in first["points"]] == ["todo", "todo"]
+
+  (rec,) = provenance.read(out)  # from disk: everything survives JSON
+  assert rec == json.loads(json.dumps(first))
+  # the base config (the ConfigDict's every leaf) and the overrides give back each point's
+  # config; the overrides matter (the tiny grid's 8 steps are not the default)
+  assert set(rec["pretrain_configs"]) == {"size=tiny,objective=mlm", "size=tiny,objective=electra"}
+  for p in grid.points:
+    assert _plain(provenance.point_config(rec, p.name)) == _plain(p.config())
+    assert p.config().train.steps == 8 != rec["pretrain_configs"][p.pretrain_arg]["train"]["steps"]
+  (ft,) = rec["finetune_configs"]  # one job, shared by both points: its full config, once
+  assert (ft["task"], ft["seeds"]) == ("rotten_tomatoes", 2) and "learning_rate" in ft
+  assert [j["config"] for p in rec["points"] for j in p["finetune"]] == [0, 0]
+
+  # the second invocation (after a partial run) appends; the first record stays as it was
+  runner.run_grid(grid, runs, execute=FakeExecutor(), echo=lambda s: None,
+                  points=grid.points[:1])
+  provenance.record(out, grid, action="run", scale="demo", workdir=runs, argv=argv)
+  records = provenance.read(out)
+  assert len(records) == 2 and records[0] == rec
+  assert [p["status_before"] for p in records[1]["points"]] == ["done", "todo"]
+
+  runner.run_grid(grid, runs, execute=FakeExecutor(), echo=lambda s: None)
+  md = report.write_report(grid, runs, out)["md"].read_text()
+  head = md.splitlines()[0]
+  assert head.startswith(f"**Produced by** commit `{_git_head()[:12]}`")
+  assert records[1]["date"].replace("T", " ").replace("Z", " UTC") in head
+  assert "| run | " in md and "| 2 of 2 |" in md and "| 1 of 2 |" in md
+
+
+def test_provenance_without_git_says_unknown(tmp_path, monkeypatch):
+  grid = _tiny_grid(finetune=())
+  # not a repository (tmp_path), then no git at all: recorded as unknown, never an error
+  assert provenance.git_state(tmp_path) == {"commit": "unknown", "dirty": "unknown",
+                                            "modified": "unknown"}
+  monkeypatch.setattr(provenance, "GIT", "git-that-does-not-exist")
+  rec = provenance.record(tmp_path, grid, action="report", workdir=tmp_path, argv=["x"])
+  assert rec["git"]["commit"] == "unknown" and rec["finetune_configs"] == []
+  lines = provenance.summary_lines(provenance.read(tmp_path))
+  assert lines[0].startswith("**Produced by** an unknown commit")
+  assert any("| report | unknown (tree state unknown) | – | `x` |" in line for line in lines)
