@@ -11,7 +11,7 @@ through `files:...:text`, so the workers split sentences and tokenize like on a 
 For each scale and worker count, a fresh process builds the shards (shards.prepare_shards,
 segment_pair + NSP rows of T tokens) and reports tokens/s overall and per worker (a worker's
 tokens over the seconds it spent on its shards). Then a fresh process, as a training process
-would, opens the loader on the built shards (pipeline.pretrain_loader(sharded=True)) and reads
+would, opens the loader on the built shards (pipeline.pretrain_loader) and reads
 the first --batches batches: its peak RSS (getrusage) must not grow with the corpus; the check
 is RSS(x_max) <= 1.2 x RSS(x1). The resident size after the imports and after the batches
 (VmRSS) is printed too: the peak is set by the imports, so it alone would hide a loader that
@@ -77,7 +77,7 @@ def _child_read():
   start = time.perf_counter()
   loader = pipeline.pretrain_loader(_SOURCE.value, "minilm", example=_example(),
                                     global_batch_size=_BATCH.value, data_dir=_DATA_DIR.value,
-                                    process_index=0, process_count=1, sharded=True,
+                                    process_index=0, process_count=1,
                                     shard_docs=_SHARD_DOCS.value)
   opened = time.perf_counter() - start
   it = iter(loader)

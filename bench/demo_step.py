@@ -55,12 +55,12 @@ def build(label: str, overrides: dict[str, str]):
   import numpy as np
   from configs import pretrain
   from encoder_jax.objectives import pretraining
-  from encoder_jax.train import loop, step as step_lib
+  from encoder_jax.train import loop, setup, step as step_lib
   from encoder_jax.train.optim import OptimConfig, build_optimizer
   config = pretrain.get_config(_ARG.value)
   for key, value in overrides.items():
     _set(config, key, value)
-  cfg = loop.model_config(config, _VOCAB.value)
+  cfg = setup.model_config(config, _VOCAB.value)
   o, t = config.objective, config.data.max_length
   obj = step_lib.ObjectiveConfig(
       objective=o.objective, vocab_size=_VOCAB.value, mask_id=4, special_ids=(0, 1, 2, 3, 4),

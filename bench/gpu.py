@@ -16,19 +16,17 @@ full-length rows ([CLS] A [SEP] B [SEP], random ids): the machine has no network
 demo corpus, and throughput does not depend on the ids.
 
 MFU = analytic FLOPs of the step (encoder_jax.train.flops: 6N convention, attention included,
-sparse MLM head at max_predictions) / step time / the device's dense bf16 peak
+sparse MLM head at the trainer's max_predictions, pretraining.default_max_predictions: 20 at
+128 tokens, 77 at 512) / step time / the device's dense bf16 peak
 (encoder_jax.train.flops.peak_flops_per_device: H100/H200 SXM 989 TFLOP/s).
 """
 from __future__ import annotations
 
 import argparse
-import math
+import dataclasses
 import os
 import time
 import traceback
-
-
-VOCAB_SIZE = 30522
 
 
 def parse_args(argv=None):
@@ -59,7 +57,8 @@ def parse_args(argv=None):
 def synthetic_batch(rng, batch_size: int, seq_len: int):
   """Full-length BERT pair rows: [CLS] A [SEP] B [SEP], ids drawn from the non-special range."""
   import numpy as np
-  ids = rng.integers(1000, VOCAB_SIZE, size=(batch_size, seq_len), dtype=np.int32)
+  from encoder_jax.model.config import BERT_VOCAB_SIZE
+  ids = rng.integers(1000, BERT_VOCAB_SIZE, size=(batch_size, seq_len), dtype=np.int32)
   mid = seq_len // 2
   ids[:, 0], ids[:, mid], ids[:, -1] = 101, 102, 102
   types = np.zeros_like(ids)
@@ -68,18 +67,27 @@ def synthetic_batch(rng, batch_size: int, seq_len: int):
           "nsp_label": rng.integers(0, 2, size=(batch_size,), dtype=np.int32)}
 
 
+def objective_config(seq_len: int):
+  """MLM+NSP on BERT's vocab with the trainer's prediction slots for rows of `seq_len`
+  (pretraining.default_max_predictions, as encoder_jax.train.setup.objective_config)."""
+  from encoder_jax.model.config import BERT_VOCAB_SIZE
+  from encoder_jax.objectives import pretraining
+  obj = pretraining.ObjectiveConfig(objective="mlm", sentence_task="nsp",
+                                    vocab_size=BERT_VOCAB_SIZE)
+  return dataclasses.replace(obj, max_predictions=pretraining.default_max_predictions(
+      obj.objective, obj.mask_rate, seq_len))
+
+
 def build_state(size: str, seq_len: int, args):
   """(cfg, obj, tx parts, state): the state is shared by every attention implementation."""
   import jax
   from encoder_jax.model.config import model_config_for_size
   from encoder_jax.train import optim, step as step_lib
-  cfg = model_config_for_size(size, vocab_size=VOCAB_SIZE, dtype=args.dtype,
+  obj = objective_config(seq_len)
+  cfg = model_config_for_size(size, vocab_size=obj.vocab_size, dtype=args.dtype,
                               param_dtype="float32", attention_dropout=0.0,
                               hidden_dropout=0.1, remat_policy=args.remat_policy,
                               max_positions=max(512, seq_len))
-  P = 4 * math.ceil(0.15 * seq_len / 4)  # BERT: 20 at 128, 80 at 512
-  obj = step_lib.ObjectiveConfig(objective="mlm", sentence_task="nsp", vocab_size=VOCAB_SIZE,
-                                 max_predictions=P)
   parts = optim.build_optimizer(optim.OptimConfig(learning_rate=1e-4, warmup_steps=100,
                                                   total_steps=10_000))
   _, init = step_lib.create(cfg, obj, parts.tx, parts.schedule, seed=0)

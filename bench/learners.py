@@ -65,16 +65,16 @@ class OursLearner:
     from encoder_jax.data import unigram
     from encoder_jax.data.builders import resolve_vocab
     from encoder_jax.data.tokenizer import WordPieceTokenizer
-    from encoder_jax.train import loop, sharding
+    from encoder_jax.train import loop, setup, sharding
     from encoder_jax.train import step as step_lib
     self.jax, self.spec = jax, spec
     config, eval_config = payload["config"], payload["eval_config"]
-    s = loop.build(config)
+    s = setup.build(config)
     self.tokens_per_step = s.tokens_per_step
     mesh = sharding.mesh_from_config(config.get("mesh", "auto"))
     state_shardings = sharding.state_shardings(jax.eval_shape(s.init_fn), mesh)
     self.to_device = lambda batch: sharding.shard_batch(batch, mesh)
-    it = iter(loop.make_loader(config, "train"))
+    it = iter(setup.make_loader(config, "train"))
     self.batches = [next(it) for _ in range(payload["steps"])]
     self.state = loop.initial_state(s.init_fn, state_shardings)
     if payload.get("export_dir"):  # the HF peer starts from exactly these weights
@@ -85,15 +85,14 @@ class OursLearner:
 
     eval_tok = WordPieceTokenizer.from_vocab(resolve_vocab(eval_config.data.vocab,
                                                            eval_config.data.cache_dir or None))
-    eval_obj = loop.objective_config(eval_config, eval_tok)
+    eval_obj = setup.objective_config(eval_config, eval_tok)
     if eval_obj.vocab_size != s.obj.vocab_size:
       raise ValueError(f"eval_config's vocabulary ({eval_obj.vocab_size} ids) is not the "
                        f"model's ({s.obj.vocab_size}); evaluate on batches of the same vocab.")
-    eval_it = iter(loop.make_loader(eval_config, eval_config.data.eval_split))
+    eval_it = iter(setup.make_loader(eval_config, eval_config.data.eval_split))
     self.eval_batches = [self.to_device(next(eval_it))
                          for _ in range(eval_config.train.eval_steps)]
-    counts = unigram.unigram_counts(loop.corpus_builder(eval_config), "train",
-                                    eval_obj.vocab_size)
+    counts = setup.train_unigram_counts(eval_config, eval_obj.vocab_size)
     self.unigram_logp_V = jax.numpy.asarray(unigram.unigram_log_probs(counts,
                                                                       eval_obj.special_ids))
     # The eval step is the trainer's, only its objective (mask rate, fractions) is eval_config's.

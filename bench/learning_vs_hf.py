@@ -119,16 +119,16 @@ def prepare_hf(config, workdir: str, hf_dir: str) -> dict:
   """Writes HF's corrupted train and eval batches to `workdir`; the payload of HfLearner,
   which starts from the weights our run exported to `hf_dir`."""
   import jax
-  from encoder_jax.train import loop
+  from encoder_jax.train import setup
   from encoder_jax.train import step as step_lib
-  s = loop.build(config)
+  s = setup.build(config)
   corrupt = corrupt_fn(s.obj)
   eval_seed = inspect.signature(step_lib.make_eval_step).parameters["eval_seed"].default
   arrays = {}
   for split, n, key_of in (
       ("train", _STEPS.value, lambda i: step_lib.step_key(config.seed, i)),
       ("eval", config.train.eval_steps, lambda i: step_lib.step_key(eval_seed, i))):
-    it = iter(loop.make_loader(config, "train" if split == "train" else
+    it = iter(setup.make_loader(config, "train" if split == "train" else
                                config.data.eval_split))
     cols = {k: [] for k in ("ids", "mask", "token_types", "positions", "labels")}
     for i in range(n):

@@ -28,16 +28,10 @@ _STEPS = flags.DEFINE_integer("steps", 2, "Train steps per round.")
 
 def main(argv):
   del argv
-  from encoder_jax.data import builders, examples, tokenizer
+  from encoder_jax.data import examples
   B, T = ip._BATCH.value, ip._MAX_LENGTH.value
-  builder = builders.prepare_corpus("demo", "minilm")
-  corpus = builders.read_corpus(builder, "train")
-  tok = tokenizer.WordPieceTokenizer.from_vocab(builders.resolve_vocab("minilm"))
-  rows = {}
-  for name in _FORMATS.value:
-    cfg = examples.ExampleConfig(max_length=T, **ip.FORMATS[name])
-    rows[name] = examples.Rows(corpus, examples.make_plan(corpus, cfg), cfg, tok.cls_id,
-                               tok.sep_id, tok.pad_id)
+  rows = {name: ip.demo_rows(examples.ExampleConfig(max_length=T, **ip.FORMATS[name]))
+          for name in _FORMATS.value}
   spec = systems.StepSpec(system="ours", size=_SIZE.value, batch_size=B, seq_len=T)
   t0 = time.perf_counter()
   loader_tps = {name: [] for name in rows}

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import multiprocessing as mp
 import os
 import statistics
@@ -27,14 +26,11 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-VOCAB_SIZE = 30522  # BERT uncased (the demo corpus is tokenised with MiniLM's = BERT's vocab)
+# Vocabulary: encoder_jax.model.config.BERT_VOCAB_SIZE (the demo corpus is tokenised with
+# MiniLM's = BERT's uncased vocab), imported where used: jax may not be imported before a
+# worker has set its XLA_FLAGS.
 SYSTEMS = ("ours", "hf")
 OBJECTIVES = ("mlm", "electra")
-
-
-def max_predictions(seq_len: int) -> int:
-  """BERT's max_predictions_per_seq: 20 at 128 tokens, 80 at 512 (0.15 * T rounded up to 4)."""
-  return int(4 * math.ceil(0.15 * seq_len / 4))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,9 +77,9 @@ class StepSpec:
 
 
 def model_config(spec: StepSpec):
-  from encoder_jax.model.config import model_config_for_size
+  from encoder_jax.model.config import BERT_VOCAB_SIZE, model_config_for_size
   return model_config_for_size(
-      spec.size, vocab_size=VOCAB_SIZE, scan_layers=spec.scan_layers,
+      spec.size, vocab_size=BERT_VOCAB_SIZE, scan_layers=spec.scan_layers,
       remat_policy=spec.remat_policy, dtype=spec.dtype, dot_dtype=spec.dot_dtype,
       param_dtype="float32",
       attention_dropout=spec.attention_dropout, hidden_dropout=spec.hidden_dropout,
@@ -91,10 +87,16 @@ def model_config(spec: StepSpec):
 
 
 def objective_config(spec: StepSpec):
+  """The objective of `spec`'s step, with the trainer's prediction slots for its row length
+  (pretraining.default_max_predictions, as encoder_jax.train.setup.objective_config)."""
+  from encoder_jax.model.config import BERT_VOCAB_SIZE
+  from encoder_jax.objectives.pretraining import default_max_predictions
   from encoder_jax.train.step import ObjectiveConfig
   nsp = spec.nsp and spec.objective == "mlm"
-  return ObjectiveConfig(objective=spec.objective, sentence_task="nsp" if nsp else "none",
-                         vocab_size=VOCAB_SIZE, max_predictions=max_predictions(spec.seq_len))
+  obj = ObjectiveConfig(objective=spec.objective, sentence_task="nsp" if nsp else "none",
+                        vocab_size=BERT_VOCAB_SIZE)
+  return dataclasses.replace(obj, max_predictions=default_max_predictions(
+      obj.objective, obj.mask_rate, spec.seq_len))
 
 
 def optim_config():
@@ -133,14 +135,15 @@ def hf_batches(batches: list[dict], seq_len: int, seed: int = 0) -> list[dict]:
   import jax
   import jax.numpy as jnp
   from encoder_jax.objectives.masking import mask_tokens
-  from encoder_jax.train.step import ObjectiveConfig
-  obj = ObjectiveConfig(vocab_size=VOCAB_SIZE, max_predictions=max_predictions(seq_len))
+  obj = objective_config(StepSpec(objective="mlm", seq_len=seq_len))
+  mask_frac, random_frac = obj.fractions
 
   @jax.jit
   def corrupt(key, ids, mask):
     maskable = mask & ~jnp.isin(ids, jnp.asarray(obj.special_ids, ids.dtype))
-    m = mask_tokens(key, ids, maskable, vocab_size=VOCAB_SIZE, mask_id=obj.mask_id,
-                    max_predictions=obj.max_predictions, special_ids=obj.special_ids)
+    m = mask_tokens(key, ids, maskable, vocab_size=obj.vocab_size, mask_id=obj.mask_id,
+                    rate=obj.mask_rate, max_predictions=obj.max_predictions,
+                    mask_frac=mask_frac, random_frac=random_frac, special_ids=obj.special_ids)
     return m.ids_BxT, m.labels_BxT
 
   out = []
@@ -156,22 +159,21 @@ class _Hf:
   def __init__(self, spec: StepSpec, batches):
     import torch
     import transformers
-    from encoder_jax.model.config import SIZES
     torch.set_num_threads(spec.threads)
     torch.manual_seed(spec.seed)
-    s = SIZES[spec.size]
+    c, o = model_config(spec), optim_config()  # the model and optimizer of our step
     hcfg = transformers.BertConfig(
-        vocab_size=VOCAB_SIZE, hidden_size=s["hidden_size"], num_hidden_layers=s["num_layers"],
-        num_attention_heads=s["num_heads"], intermediate_size=s["ffn_size"], hidden_act="gelu",
-        hidden_dropout_prob=spec.hidden_dropout,
-        attention_probs_dropout_prob=spec.attention_dropout,
-        max_position_embeddings=max(512, spec.seq_len), type_vocab_size=2,
-        layer_norm_eps=1e-12)
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size, num_hidden_layers=c.num_layers,
+        num_attention_heads=c.num_heads, intermediate_size=c.ffn_size, hidden_act="gelu",
+        hidden_dropout_prob=c.hidden_dropout, attention_probs_dropout_prob=c.attention_dropout,
+        max_position_embeddings=c.max_positions, type_vocab_size=c.type_vocab_size,
+        layer_norm_eps=c.layer_norm_eps)
     self.model = transformers.BertForPreTraining._from_config(
         hcfg, attn_implementation=spec.hf_attn).train()
     kw = {} if spec.hf_adamw == "default" else {spec.hf_adamw: True}
-    self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6,
-                                 weight_decay=0.01, **kw)
+    self.opt = torch.optim.AdamW(self.model.parameters(), lr=o.learning_rate, betas=(o.b1, o.b2),
+                                 eps=o.eps, weight_decay=o.weight_decay, **kw)
+    self.clip = o.clip_grad_norm
     self.batches = [dict(input_ids=torch.as_tensor(b["input_ids"], dtype=torch.long),
                          attention_mask=torch.as_tensor(b["mask"], dtype=torch.long),
                          token_type_ids=torch.as_tensor(b["token_types"], dtype=torch.long),
@@ -192,7 +194,7 @@ class _Hf:
       with self.autocast:
         loss = self.model(**b).loss
       loss.backward()
-      self.torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+      self.torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
       self.opt.step()
       self.loss = loss
 

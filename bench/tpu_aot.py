@@ -72,9 +72,9 @@ flags.DEFINE_bool("calibrate", False, "Instead of the table: what XLA's TPU cost
 flags.DEFINE_bool("check", False, "Exit non-zero unless every compiled row is the TPU's "
                   "program (bf16, scanned layers) and fits in HBM (what CI asserts).")
 
-# Per chip, from the vendors' spec sheets: HBM (GiB) and dense bf16 peak (FLOP/s, the same
-# figures as encoder_jax.train.flops). A compile-only v4 topology exposes each TensorCore as a
-# device (2 per chip), v5e one device per chip, v5p one per chip (megacore).
+# HBM per chip (GiB), from the vendors' spec sheets; the dense bf16 peak per chip is
+# encoder_jax.train.flops.peak_flops_per_device's. A compile-only v4 topology exposes each
+# TensorCore as a device (2 per chip), v5e one device per chip, v5p one per chip (megacore).
 CHIP_HBM_GIB = {"TPU v4": 32, "TPU v5 lite": 16, "TPU v5": 95, "TPU v6 lite": 32}
 TOPOLOGIES = {  # name in the table -> libtpu topology name
     "v4-8": "v4:2x2x1", "v4-32": "v4:2x2x4", "v5e-16": "v5e:4x4", "v5e-64": "v5e:8x8",

@@ -22,7 +22,7 @@ from absl import app, flags
 
 from bench import systems
 from configs import pretrain as pretrain_config
-from encoder_jax.train.loop import resolve_layers
+from encoder_jax.train.setup import resolve_layers
 
 # The remat policy users train scanned layers with (configs/pretrain.py's "auto" as the trainer
 # resolves it for scanned layers), read rather than restated. On CPU the pre-training default
@@ -88,13 +88,12 @@ def _flops(spec: systems.StepSpec) -> float:
   common = dict(batch_size=spec.batch_size, seq_len=spec.seq_len)
   if spec.system == "hf":  # HF's head projects every position onto the vocabulary
     return flops.train_flops_per_step(cfg, objective="mlm", sparse_mlm=False, nsp=True, **common)
+  p = systems.objective_config(spec).max_predictions  # the slots the timed step computes
   if spec.objective == "mlm":
-    return flops.train_flops_per_step(cfg, objective="mlm", nsp=spec.nsp,
-                                      max_predictions=systems.max_predictions(spec.seq_len),
+    return flops.train_flops_per_step(cfg, objective="mlm", nsp=spec.nsp, max_predictions=p,
                                       **common)
   return flops.train_flops_per_step(cfg, objective="electra", generator=generator_config(cfg),
-                                    max_predictions=systems.max_predictions(spec.seq_len),
-                                    **common)
+                                    max_predictions=p, **common)
 
 
 def parse_variant(text: str) -> tuple[str, dict]:

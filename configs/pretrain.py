@@ -3,8 +3,8 @@
 Run (from the repo root):
   bash run.sh python -m encoder_jax.main --mode=pretrain --workdir=/tmp/run \
       --config=configs/pretrain.py:size=mini,objective=electra,nsp=none,norm=pre
-The demo recipe alone (the main job's pre-training, ~8 min on 2 CPU cores with AVX-512 BF16;
-`bash run.sh demo` adds the fine-tuning comparison):
+The demo recipe alone (the main job's pre-training; `bash run.sh demo` adds the fine-tuning
+comparison):
   bash run.sh python -m encoder_jax.main --mode=pretrain --workdir=/tmp/demo_run \
       --config=configs/pretrain.py:runlocal
 Arguments after ':' are comma-separated key=value pairs (`runlocal` alone means runlocal=True):
@@ -42,7 +42,7 @@ Arguments after ':' are comma-separated key=value pairs (`runlocal` alone means 
              TPU/GPU setting); bf16_dots keeps activations in fp32 and rounds only the matmul
              operands to bf16, accumulating in fp32 (torch's CPU autocast split; the fastest
              on a CPU with AVX-512 BF16 / AMX: bench/README.md); auto is decided for the
-             platform the step is compiled for (train/loop.py resolve_numerics; logged at
+             platform the step is compiled for (train/setup.py resolve_numerics; logged at
              start-up): bf16 on TPU/GPU, bf16_dots on a CPU with AVX-512 BF16 / AMX, fp32 on
              other CPUs. fp32 is BERT's own numerics (on a TPU, XLA's default precision still
              multiplies fp32 operands in bf16 passes)                        (default auto)
@@ -62,7 +62,7 @@ Equal-compute comparison (ELECTRA's Table 1 protocol): give both runs the same
 import ml_collections
 
 from configs import parse_arg
-from encoder_jax.data.examples import FORMATS
+from encoder_jax.data.examples import DOCS_PER_SHARD, FORMATS
 from encoder_jax.model.config import SIZES, ModelConfig
 from encoder_jax.objectives.pretraining import OBJECTIVES, SENTENCE_TASKS
 
@@ -83,18 +83,17 @@ def model_config(size: str, norm: str) -> ml_collections.ConfigDict:
   # remat "dots": the backward pass keeps each block's matmul outputs and recomputes the cheap
   # element-wise ops (GELU, LayerNorm, dropout masks from their keys, softmax). With scanned
   # layers that also drops most of the [L, ...] residual stacks XLA zero-fills and copies every
-  # step: the scanned CPU step got 2-15% faster (mini, base), the BERT-base compile ~1 s shorter
-  # (README "Performance"), and activation memory shrinks. Numerics are unchanged
+  # step: the scanned CPU step gets faster and activation memory shrinks (bench/README.md has
+  # the measurements). Numerics are unchanged
   # (tests/model/test_invariants.py::test_remat_policies_give_same_gradients).
   #
-  # Both "auto": the trainer picks by the backend it runs on (train/loop.py resolve_layers):
+  # Both "auto": the trainer picks by the backend it runs on (train/setup.py resolve_layers):
   # scanned layers with `dots` remat on TPU/GPU (one compiled block: compile time and program
   # size do not grow with depth, and HBM bandwidth makes the [L, ...] stacks cheap); unrolled
-  # layers without remat on CPU, where those stacks are copies the step waits for. Quiet 2-core
-  # Intel AMX host (bench/README.md, 2026-12-03), tokens/s against HF torch in the same run:
-  # fp32 mini 32x128 1.71x unrolled vs 1.65x scanned, BERT-base 8x128 1.02x vs 0.95x; with bf16
-  # matmuls 2.81x vs 2.57x and 1.24x vs 0.73x. The cost: BERT-base's step compiles in ~20 s
-  # instead of ~11 s. Either can be forced: --config.model.scan_layers=True|False,
+  # layers without remat on CPU, where those stacks are copies the step waits for, measured
+  # faster there against HF torch in the same run (bench/README.md). The cost on CPU: a longer
+  # compile for deep models.
+  # Either can be forced: --config.model.scan_layers=True|False,
   # --config.model.remat_policy=none|full|dots|dots_no_batch.
   fields = ModelConfig(**SIZES[size], norm_first=(norm == "pre")).to_dict()
   fields.update(scan_layers="auto", remat_policy="auto")
@@ -138,7 +137,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # dtype of parameters and hence of gradients and optimizer moments; losses are taken in fp32
   # (tests/train/test_bf16.py: losses track fp32's, parameters stay fp32).
   precision = _choice("precision", args["precision"], ("fp32", "bf16", "bf16_dots", "auto"))
-  # "auto" (both fields) is resolved by train/loop.py resolve_numerics for the platform the
+  # "auto" (both fields) is resolved by train/setup.py resolve_numerics for the platform the
   # step is compiled for, so one config is the bf16 program on a pod and the fastest CPU one.
   config.model.dtype = {"bf16": "bfloat16", "auto": "auto"}.get(precision, "float32")
   config.model.dot_dtype = {"bf16_dots": "bfloat16", "auto": "auto"}.get(precision, "")
@@ -146,7 +145,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.data = ml_collections.ConfigDict(dict(
       # demo (SOTU + Moby-Dick + Brown) | demo:<part>[+<part>] (e.g. demo:moby_dick) |
       # files:<glob>[,<glob>][:<jsonl field>] (.txt, .jsonl, .gz; local or gs://) |
-      # tfds:<name>[/<config>]:<text_field> | with sharded=True also a weighted mixture
+      # tfds:<name>[/<config>]:<text_field> | a weighted mixture
       # mix:<source>@<weight>+... (BERT: mix:tfds:wikipedia/20230601.en:text@0.75+
       # files:books/*.txt@0.25), NSP negatives drawn within each source
       source="demo",
@@ -159,16 +158,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       short_seq_prob=0.1,  # segment_pair: BERT's share of shorter targets
       batch_size=128,  # global batch (sequences per optimizer micro-step)
       eval_split="validation",
-      data_dir="",  # TFDS data_dir of the tokenized corpus ("" = the cache's)
+      data_dir="",  # where the row shards are built ("" = <cache>/tfds; gs:// on a pod)
       source_data_dir="",  # tfds:<name> sources: their TFDS data_dir ("" = TFDS's default)
       cache_dir="",  # fetched artifacts ("" = $ENCODER_JAX_CACHE or ~/.cache/encoder_jax)
       worker_count=0,  # grain worker processes (0: threads only)
-      # False: the TFDS document corpus, read whole into each process (fine for the demo).
-      # True: process 0 builds rows with build_workers processes into array_record shards
-      # of shard_docs documents (data/shards.py); every host reads its rows by index.
-      sharded=False,
+      # Process 0 builds the rows once with build_workers processes into array_record shards
+      # of shard_docs documents (data/shards.py); every host reads its rows by index. NSP
+      # negatives come from the same shard.
       build_workers=2,
-      shard_docs=1024,
+      shard_docs=DOCS_PER_SHARD,
   ))
 
   config.objective = ml_collections.ConfigDict(dict(
@@ -235,71 +233,22 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 def runlocal(config: ml_collections.ConfigDict) -> None:
   """The main job's pre-training: a recipe that leaves the unigram plateau on 2 CPU cores.
 
-  Each choice was measured on the demo corpus, as held-out masked-token accuracy after the same
-  number of training tokens (2M unless said; the unigram baseline there is ~6%):
-    * vocab "demo": an 8,192-token WordPiece trained on the demo text. BERT's 30,522 ids leave
-      a tiny model with too few targets per entry, and most of its step in the vocabulary
-      projection (BabyLM 2023 strict-small winners use 6-16k).
-    * position_bias "alibi" with 8 heads of 16: 18.3-18.9%, against 13.3-13.8% for learned
-      positions alone (2 or 4 heads, sinusoidal init, 4 layers) and 17.4% with 4 ALiBi heads
-      (16 heads: 19.0%, but 23% slower). ALiBi's steep heads attend to neighbours from step 0;
-      the model otherwise spends millions of tokens learning that from its position table.
-      position_init "sinusoidal": 18.7% vs 18.3% (within seed noise; free).
-    * pre-LN, no dropout (the `dropout=none` default with runlocal), batch 8 x 128 tokens
-      (now 16 x 64, below), AdamW lr 2e-3 (b2 0.98), 100 warm-up steps,
-      linear decay: batch 32 at 2e-3 gave 11.4% and at 5e-3 9.1% (1.2M tokens); batch 16 at
-      3e-3 17.3%, batch 4 at 1.5e-3 lower; lr 1.5e-3 17.8%, 3e-3 17.9%; b2 0.95 18.0%.
-      Batch 16 is no faster per token on 2 cores than batch 8 (15.6k tokens/s both); over the
-      10,000-step schedule lr 3e-3 trails 2e-3 at every evaluation (18.7 / 21.3 / 23.0% vs
-      19.0 / 21.7 / 23.3% after 2 / 4 / 6k steps).
-    * mask_rate 0.2 (80/10/10): 15% gave 17.8%, 25% 18.9%, 30% 18.4% (each scored at its own
-      rate; eval positions are chosen exactly as in training).
-    * size tiny (2 x 128): 2 x 256 reached 17.5% and costs 3x per token.
-    * rows of 64 tokens, batch 16 (the same 1,024 tokens a step as 8 x 128): over a 5,000-step
-      schedule both end at 23.0% held-out (23.03 vs 22.99%; at [MASK] inputs 16.2 vs 15.7%,
-      loss 5.207 vs 5.213), each scored on its own rows, and the step takes 0.83-0.86x the
-      time (attention is quadratic in the row; `bench/demo_step.py`, 2026-12-02). The demo
-      tasks read at most 64 tokens. A 4,096-token vocab instead: 21.7% (its unigram baseline
-      5.0%), so 8,192 stays.
-  Speed (`bench/demo_step.py`: the real step, interleaved rounds, medians; 2026-12-02):
-    * precision "auto": bf16 matmuls with fp32 accumulation and fp32 activations on a CPU with
-      AVX-512 BF16 / AMX (encoder_jax.model.matmul), fp32 elsewhere: the step takes 0.70x the
-      fp32 step's time (14.5k vs 10.5k tokens/s in the same run), the same losses to 3
-      decimals after 300 steps (6.606 vs 6.606).
-    * remat "full" on scanned layers (on every platform, unlike the `auto` default): 0.89-0.91x
-      the time of "dots" (which stacks the attention logits of every layer in zero-filled
-      buffers), 0.92x of unrolled layers (on the Intel host; at rows of 64 on AMD hosts "full"
-      and "dots" take the same time).
-  Measured on an Intel host with AMX (rows 8 x 128, fine-tuning lr 1e-3), 10,000 steps (10.2M
-  tokens) with the schedule over all of them, 2 quiet cores:
-  held-out accuracy 19.0 / 21.7 / 23.3 / 24.6 / 25.4% after 2 / 4 / 6 / 8 / 10k steps, in
-  9m56s at 17.8k tokens/s (10m50s at 16.7k in a fresh-clone `bash run.sh demo` on a slower
-  afternoon: the machine's speed varies by ~15%); the same schedule in fp32 runs ~1.4x longer.
-  9,000 steps (its own schedule) ended at 25.1% in 10m28s at 15.7k tokens/s, but its
-  checkpoint's sentiment range overlapped random init's (0.703 [0.698, 0.708] vs 0.694 [0.685,
-  0.702]) where the 10,000-step one cleared it (0.714 [0.711, 0.719]): 10,000 steps.
-  15,000 steps (15.4M tokens), chosen on a 2-core AMD EPYC with AVX-512 BF16 (bf16 dots;
-  2026-12-02), the schedule over all steps each time, the demo's fine-tuning (lr 2e-3, 3
-  seeds; random init of the shape: sentiment 0.695 [0.692, 0.703], POS 0.887 [0.887, 0.889]):
-    * 10,000 steps: held-out 26.3% in 4.1 min at 42k tokens/s; sentiment 0.698 [0.690,
-      0.701], overlapping random init's (0.703 [0.689, 0.711] at lr 1e-3, also overlapping);
-      POS 0.918. The same steps with the sentiment task's unlabeled train-movie snippets added
-      to the corpus (task-adaptive pre-training, `data.source=demo:sotu+moby_dick+brown+
-      rotten_tomatoes`, 6% of its text): 26.3%, sentiment 0.691.
-    * 15,000 steps: 29.9% in 7.8 min (30-33k tokens/s: the host slowed); sentiment **0.713
-      [0.710, 0.714]**, clear of random init; POS 0.928 [0.928, 0.930].
-    * 20,000 steps: 30.2% in 11.4 min; sentiment 0.716 [0.709, 0.719]; POS 0.928: past the
-      10-minute pre-training budget for +0.3 points.
-  Where 10,000 steps cleared random init on sentiment (the Intel host above, and a Zen 3 host
-  in fp32: 0.713 vs 0.696 at lr 2e-3) the margin was 2 points at most. 15,000 steps on an
-  Intel host with AMX (fresh clone, 2026-12-03): 29.4% in 8.2 min at 32-35k tokens/s, POS
-  0.931 vs 0.887, but sentiment 0.708 [0.703, 0.721] vs random init 0.696 [0.690, 0.706]:
-  the same pre-training to 3 digits, fine-tuning numerics that differ by host, and a
-  sentiment gain about the size of the seed spread. With sentiment fine-tuned on 4,000
-  snippets (configs/finetune.py demo(); fresh clone, same host, 2026-12-03): 29.4% in 8.0 min,
-  sentiment 0.732 [0.723, 0.734] vs random init 0.714 [0.713, 0.719], POS 0.931 vs 0.887;
-  12.9 min in all. On a 2-core Zen 3 without AVX-512 (fp32, 7.4k
-  tokens/s) the 10,000 steps took 24 min: the budget holds only where bf16 dots run.
+  Each choice won a measurement on the demo corpus (held-out masked-token accuracy after the
+  same number of training tokens; the measurements, with their dates and hosts, are in
+  experiments/results/README.md, "How the demo recipe was chosen"):
+    * vocab "demo" (8,192 WordPiece ids trained on the demo text): BERT's 30,522 leave a tiny
+      model too few targets per entry and most of its step in the vocabulary projection.
+    * position_bias "alibi" with 8 heads: its steep heads attend to neighbours from step 0,
+      which a learned position table takes millions of tokens to learn.
+    * pre-LN, no dropout, AdamW lr 2e-3 (b2 0.98), 100 warm-up steps, linear decay.
+    * mask_rate 0.2 (80/10/10); size tiny (2 x 128; wider costs 3x per token for less).
+    * rows of 64 tokens, batch 16: the same accuracy per token as 8 x 128 in less time
+      (attention is quadratic in the row), and the demo tasks read at most 64 tokens.
+    * precision "auto" (bf16 matmul operands where the CPU has AVX-512 BF16 / AMX) and remat
+      "full" on scanned layers: the fastest step on such CPUs at the same losses.
+    * 15,000 steps: the fewest after which the checkpoint's sentiment fine-tuning clears a
+      random init of its shape (beyond the seeds' spread), within ~10 minutes of pre-training
+      where bf16 matmuls run; a CPU without them takes ~2.4x as long.
   `python -m encoder_jax.demo --curve_of=<workdir>/pretrain` plots a run's curve.
   """
   if config.model.hidden_size % 8 == 0:

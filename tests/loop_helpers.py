@@ -12,7 +12,7 @@ from etils import epath
 import jax
 import numpy as np
 
-from encoder_jax.train import checkpoint, loop, metrics_io
+from encoder_jax.train import checkpoint, metrics_io, setup
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 from configs import pretrain  # noqa: E402
@@ -113,7 +113,7 @@ def tiny_config(env, **train):
 
 def budget_for(config, steps):
   """A FLOP budget that the run reaches exactly at `steps`."""
-  return (steps - 0.5) * loop.build(config).flops_per_step
+  return (steps - 0.5) * setup.build(config).flops_per_step
 
 
 def _child_env(env):
@@ -177,7 +177,7 @@ def eval_rows(workdir):
 
 
 def restore(workdir, step, config):
-  s = loop.build(config)
+  s = setup.build(config)
   ckpt = checkpoint.Checkpointer(epath.Path(workdir) / "checkpoints")
   state, data, meta = ckpt.restore(step, jax.eval_shape(s.init_fn))
   ckpt.close()

@@ -47,7 +47,7 @@ from encoder_jax import paths
 from encoder_jax.convert.hf_bert import export_hf_bert, hf_bert_gaps
 from encoder_jax.convert.hf_electra import export_hf_electra, hf_electra_pair_gaps
 from encoder_jax.data.builders import resolve_vocab
-from encoder_jax.train import checkpoint, loop
+from encoder_jax.train import checkpoint, setup
 
 flags.DEFINE_string("workdir", None, "The pre-training run's directory, local or gs:// (holds "
                     "config.json and checkpoints/).")
@@ -65,7 +65,7 @@ def _stderr(msg: str) -> None:
   print(msg, file=sys.stderr, flush=True)
 
 
-def hf_gaps(s: loop.Setup) -> tuple[str, list[str]]:
+def hf_gaps(s: setup.Setup) -> tuple[str, list[str]]:
   """(the HF class the run would export as, what in its model that class cannot represent)."""
   if s.obj.is_electra:
     return "ELECTRA", hf_electra_pair_gaps(s.model_cfg, s.obj.generator_config(s.model_cfg))
@@ -123,15 +123,15 @@ def export_run(workdir: str | os.PathLike, out: str | os.PathLike, step: int | N
                      "from_pretrained reads); give a local --out and copy it up afterwards "
                      "(gcloud storage cp -r <out> gs://...).")
   workdir, out = paths.absolute(workdir), pathlib.Path(out)
-  cfg_file, ckpt_dir = workdir / loop.CONFIG_FILE, workdir / "checkpoints"
+  cfg_file, ckpt_dir = workdir / setup.CONFIG_FILE, workdir / "checkpoints"
   if not cfg_file.is_file() or not ckpt_dir.is_dir():
-    raise FileNotFoundError(f"{workdir} is not a pre-training run: it needs {loop.CONFIG_FILE} "
+    raise FileNotFoundError(f"{workdir} is not a pre-training run: it needs {setup.CONFIG_FILE} "
                             "and checkpoints/ (what `encoder_jax.main --mode=pretrain` writes).")
   if out.exists() and (not out.is_dir() or any(out.iterdir())):
     raise FileExistsError(f"--out={out} is not empty; choose a new folder (nothing there is "
                           "overwritten).")
   config = ml_collections.ConfigDict(json.loads(cfg_file.read_text()))
-  s = loop.build(config)
+  s = setup.build(config)
   hf_class, gaps = hf_gaps(s)
   if gaps:
     raise NotRepresentable(

@@ -1,33 +1,24 @@
-"""TFDS builders (array_record, no TensorFlow): the tokenized pre-training corpus and two tasks.
+"""The TFDS task datasets (array_record, no TensorFlow), the vocabularies, and the pieces of
+text -> token ids that the pre-training shards (shards.py) are built from.
 
-  pretrain_corpus/<config>   one record per document, tokenized once:
-      doc_id            text
-      ids               int32 [N]   WordPiece ids of the whole document (no specials)
-      word_starts       bool  [N]   True where a token begins a word (not a `##` piece)
-      sentence_lengths  int32 [S]   tokens per sentence; sum == N
-    splits: train, validation (~2% of documents, by a stable hash of doc_id)
-    config name: <source key>-<sha256 of vocab.txt, 8 hex>, so a corpus is rebuilt whenever
-    what it is made of changes: the vocab's contents, and for files:<glob> the set of files
-    and their contents (sha256, remembered by size + mtime + ctime so an unchanged corpus is
-    not re-read), for tfds:<name> the source dataset's version
   rotten_tomatoes            text, label (0 rotten / 1 fresh), movie; split by movie 80/10/10
   brown_pos                  words, tags (12 universal tags, see brown.py), fine_tags, doc_id,
                              genre; one record per sentence; split by document 80/10/10
 
-Use:
-  builder = prepare_corpus("demo", vocab="minilm")          # builds once, then reuses
-  prepare_corpus("files:gs://b/corpus/*.txt", data_dir="gs://b/tfds")   # buckets too
-  corpus = read_corpus(builder, "train")                    # examples.Corpus (flat numpy)
-  tfds.data_source("rotten_tomatoes", data_dir=default_data_dir())  # after prepare_task(...)
+  prepare_task("rotten_tomatoes")                            # builds once, then reuses
+  tfds.data_source("rotten_tomatoes", data_dir=default_data_dir())
+  resolve_vocab("minilm" | "demo" | "demo:4096" | "path/to/vocab.txt")
+  source_key("files:texts/*.txt", data_dir=...)   # what names a source's text (file hashes)
+  tokenize_documents(docs, tok)                   # documents -> (doc_id, {ids, word_starts,
+                                                  #   sentence_lengths}) in large batches
 
-The corpus builder runs in one process and `read_corpus` loads a whole split into memory: the
-demo's path. At scale (and for mixtures) shards.py builds the pre-training rows with N worker
-processes into array_record shards that training reads by index.
+Pre-training text is never a TFDS dataset of its own: shards.py reads the source (the demo
+corpus, files, or a TFDS dataset through `tfds:<name>:<field>`), tokenizes it once and writes
+the planned rows as array_record shards; every run, the demo included, reads those.
 
 The builders live in this package module because TFDS resolves a builder's code path from its
 module (a builder defined in __main__ fails in `dataset_info_from_configs`).
 """
-import dataclasses
 import hashlib
 import json
 import logging as py_logging
@@ -45,15 +36,14 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from encoder_jax import paths
-from encoder_jax.data import brown, examples, fetch, rotten_tomatoes, sources, tokenizer
+from encoder_jax.data import brown, fetch, rotten_tomatoes, sources, tokenizer
 
 _TOKENIZE_BATCH_SENTENCES = 32768  # big batches keep the Rust tokenizer busy
 
 
 class _QuietCustomConfig(py_logging.Filter):
   """TFDS warns "Using custom data configuration: <the whole config, ~600 characters>" for
-  every builder made from a config object, i.e. each time a run opens its corpus (twice: train
-  and eval). Every PretrainCorpus config is made that way on purpose."""
+  every builder made from a config object; the task builders are made that way on purpose."""
 
   def filter(self, record):
     return not str(record.msg).startswith("Using custom data configuration")
@@ -197,45 +187,17 @@ def source_key(source: str, *, data_dir: str, blank_line_docs: bool = False,
   return slug(source)
 
 
-def config_name(source: str, vocab_path: str, key: str | None = None) -> str:
-  """demo-1a2b3c4d, files_<hash of the files>-..., tfds_wikipedia_20230601.en_1.0.0_text-..."""
-  return f"{key or slug(source)}-{fetch.sha256_of(vocab_path)[:8]}"
-
-
-@dataclasses.dataclass(eq=False)
-class PretrainCorpusConfig(tfds.core.BuilderConfig):
-  """source: 'demo[:<part>+...]' | 'files:<glob>[,<glob>...][:<jsonl field>]' |
-  'tfds:<name>:<text_field>'."""
-  source: str = "demo"
-  vocab_path: str = ""
-  lowercase: bool = True
-  blank_line_docs: bool = False  # files: one document per blank-line-separated block
-  cache_dir: str | None = None
-  source_data_dir: str | None = None  # tfds: where the source dataset lives
-
-
-def documents(cfg: PretrainCorpusConfig, stats: sources.ReadStats) -> Iterator[sources.Document]:
-  """Every document of the source, in a fixed order (split later by sources.split_of)."""
-  kind, _, rest = cfg.source.partition(":")
-  if kind == "demo":  # demo | demo:<part>[+<part>...], parts from sources.DEMO_PARTS
-    parts = tuple(rest.split("+")) if rest else sources.DEMO_PARTS
-    known = sources.DEMO_PARTS + sources.OPTIONAL_PARTS
-    unknown = sorted(set(parts) - set(known))
-    if unknown:
-      raise ValueError(f"source {cfg.source!r}: unknown demo part(s) {unknown}; use 'demo' or "
-                       f"'demo:' + parts from {list(known)} joined by '+'.")
-    yield from sources.demo_documents(cfg.cache_dir, split=None, parts=parts)
-  elif kind == "files":
-    globs, field = sources.parse_files_spec(rest)
-    yield from sources.local_documents(globs, cfg.blank_line_docs, stats, field=field)
-  elif kind == "tfds":
-    name, _, field = rest.rpartition(":")
-    if not name or not field:
-      raise ValueError(f"source {cfg.source!r}: expected 'tfds:<name>:<text_field>'")
-    yield from sources.tfds_documents(name, field, "train", cfg.source_data_dir)
-  else:
-    raise ValueError(f"unknown corpus source {cfg.source!r}; expected 'demo', "
-                     "'files:<glob>' or 'tfds:<name>:<text_field>'")
+def demo_source_documents(source: str, cache_dir=None) -> Iterator[sources.Document]:
+  """The documents of 'demo' | 'demo:<part>[+<part>...]' (parts from sources.DEMO_PARTS and
+  OPTIONAL_PARTS), in a fixed order, split into sentences."""
+  rest = source.partition(":")[2]
+  parts = tuple(rest.split("+")) if rest else sources.DEMO_PARTS
+  known = sources.DEMO_PARTS + sources.OPTIONAL_PARTS
+  unknown = sorted(set(parts) - set(known))
+  if unknown:
+    raise ValueError(f"source {source!r}: unknown demo part(s) {unknown}; use 'demo' or "
+                     f"'demo:' + parts from {list(known)} joined by '+'.")
+  yield from sources.demo_documents(cache_dir, split=None, parts=parts)
 
 
 def tokenize_documents(docs: Iterable[sources.Document], tok: tokenizer.WordPieceTokenizer,
@@ -292,83 +254,6 @@ def tokenize_documents(docs: Iterable[sources.Document], tok: tokenizer.WordPiec
                      "empty dataset")
 
 
-class PretrainCorpus(tfds.core.GeneratorBasedBuilder):
-  """A text source split into sentences and WordPiece-tokenized once (see module docstring).
-
-  Bump VERSION whenever sentence splitting or tokenization changes, or stale cached builds
-  would be reused (the config name only covers source and vocab).
-  """
-  VERSION = tfds.core.Version("1.1.0")
-  RELEASE_NOTES = {"1.0.0": "sentencex splitting", "1.1.0": "re-split segments opening with '('"}
-  BUILDER_CONFIGS = []  # made on the fly by prepare_corpus (source x vocab)
-
-  def _info(self):
-    return tfds.core.DatasetInfo(
-        builder=self,
-        description=f"Tokenized pre-training corpus from {self.builder_config.source}",
-        features=tfds.features.FeaturesDict({
-            "doc_id": tfds.features.Text(),
-            "ids": tfds.features.Tensor(shape=(None,), dtype=np.int32),
-            "word_starts": tfds.features.Tensor(shape=(None,), dtype=np.bool_),
-            "sentence_lengths": tfds.features.Tensor(shape=(None,), dtype=np.int32),
-        }),
-        metadata=tfds.core.MetadataDict(),
-    )
-
-  def _split_generators(self, dl_manager):
-    del dl_manager  # artifacts come through encoder_jax.data.fetch (npm / pip), not URLs
-    cfg = self.builder_config
-    tok = tokenizer.WordPieceTokenizer.load(cfg.vocab_path, lowercase=cfg.lowercase)
-    self.info.metadata["vocab_sha256"] = fetch.sha256_of(cfg.vocab_path)
-    self.info.metadata["source"] = cfg.source
-    stats = sources.ReadStats()
-    if cfg.source.startswith("tfds:"):  # may be huge: stream it, once per split
-      return {split: self._generate_examples(
-          tok, split, (d for d in documents(cfg, stats) if sources.split_of(d.doc_id) == split),
-          stats) for split in ("train", "validation")}
-    # Small sources are read once. TFDS refuses to write an empty split, and a handful of
-    # documents may leave none for validation: then there is no validation split (reading it
-    # raises a clear error) and a warning says so.
-    by_split = {"train": [], "validation": []}
-    for d in documents(cfg, stats):
-      by_split[sources.split_of(d.doc_id)].append(d)
-    if not by_split["validation"]:
-      logging.warning("%s: none of the %d documents falls in the validation split (1 in %d "
-                      "does); writing train only", cfg.source, len(by_split["train"]),
-                      sources.VALIDATION_EVERY)
-    return {split: self._generate_examples(tok, split, docs, stats)
-            for split, docs in by_split.items() if docs or split == "train"}
-
-  def _generate_examples(self, tok, split, docs, stats):
-    counts = {"documents": 0, "sentences": 0, "tokens": 0}
-    for key, rec in tokenize_documents(docs, tok, allow_empty=split != "train"):
-      counts["documents"] += 1
-      counts["sentences"] += len(rec["sentence_lengths"])
-      counts["tokens"] += len(rec["ids"])
-      yield key, rec
-    self.info.metadata[f"{split}_counts"] = counts
-    self.info.metadata["read_stats"] = dataclasses.asdict(stats)
-
-
-def prepare_corpus(source: str = "demo", vocab: str = "minilm", data_dir=None, cache_dir=None,
-                   lowercase: bool = True, blank_line_docs: bool = False,
-                   source_data_dir=None) -> PretrainCorpus:
-  """Builds the tokenized corpus once (array_record under data_dir) and returns its builder."""
-  vocab_path = resolve_vocab(vocab, cache_dir)
-  data_dir = data_dir or default_data_dir(cache_dir)
-  key = source_key(source, data_dir=data_dir, blank_line_docs=blank_line_docs,
-                   source_data_dir=source_data_dir)
-  if not lowercase:
-    key += "_cased"
-  cfg = PretrainCorpusConfig(
-      name=config_name(source, vocab_path, key), version=PretrainCorpus.VERSION,
-      description=f"{source} tokenized with {vocab_path}", source=source,
-      vocab_path=vocab_path, lowercase=lowercase, blank_line_docs=blank_line_docs,
-      cache_dir=None if cache_dir is None else str(cache_dir), source_data_dir=source_data_dir)
-  return prepare(lambda d: PretrainCorpus(config=cfg, data_dir=d, file_format="array_record"),
-                 data_dir)
-
-
 def prepare(make: Callable[[str], tfds.core.DatasetBuilder],
             data_dir: str) -> tfds.core.DatasetBuilder:
   """`make(data_dir)`'s dataset, built once: locally or on a bucket (a gs:// data_dir).
@@ -412,21 +297,6 @@ def build_once(builder: tfds.core.DatasetBuilder) -> tfds.core.DatasetBuilder:
   with filelock.FileLock(str(data_dir) + ".lock"):
     builder.download_and_prepare()
   return builder
-
-
-def read_corpus(builder: tfds.core.DatasetBuilder, split: str = "train") -> examples.Corpus:
-  """Loads a split into flat numpy arrays (examples.Corpus), in document-key order."""
-  if split not in builder.info.splits:
-    raise ValueError(f"{builder.name}/{builder.builder_config.name} has no split {split!r} "
-                     f"(splits: {sorted(builder.info.splits)}); a source this small gets no "
-                     f"validation documents (~1 in {sources.VALIDATION_EVERY} goes there)")
-  source = builder.as_data_source(split=split)
-  records = [source[i] for i in range(len(source))]
-  if not records:
-    raise ValueError(f"{builder.name}/{builder.builder_config.name} split {split!r} is empty "
-                     f"(a source this small gets no validation documents; ~1 in "
-                     f"{sources.VALIDATION_EVERY} documents goes there)")
-  return examples.Corpus.from_records(records)
 
 
 # ------------------------------------------------------------------------------------ tasks

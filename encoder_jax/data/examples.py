@@ -34,11 +34,14 @@ import dataclasses
 import numpy as np
 
 FORMATS = ("segment_pair", "sentence_pair", "full_sentences", "doc_sentences")
+# Documents per row shard (data/shards.py). Rows are planned per shard, so NSP / SOP negatives
+# and cross-document rows come from the same shard's documents.
+DOCS_PER_SHARD = 1024
 
 
 @dataclasses.dataclass(frozen=True)
 class Corpus:
-  """All documents of one split, concatenated (tokenized once by builders.PretrainCorpus)."""
+  """Documents concatenated as flat arrays: one row shard's documents, as shards.py plans them."""
   ids_N: np.ndarray             # int32 [N]
   word_starts_N: np.ndarray     # bool [N]
   sent_start_S: np.ndarray      # int64 [S]   offset of each sentence in ids_N

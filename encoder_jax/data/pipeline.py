@@ -3,9 +3,9 @@
   loader = pretrain_loader(source="demo", vocab="minilm", split="train",
                            example=ExampleConfig(format="full_sentences", max_length=128),
                            global_batch_size=256)      # process index/count from jax
-  # at scale / mixtures: rows built in parallel into array_record shards, read by index
+  # rows built in parallel into array_record shards (shards.py), read by index; at scale:
   loader = pretrain_loader(source="mix:files:wiki/*.jsonl:text@0.8+files:books/*.txt@0.2",
-                           sharded=True, build_workers=16, ...)
+                           build_workers=16, data_dir="gs://bucket/data", ...)
   it = iter(loader)
   batch = next(it)          # this host's share: dict of numpy arrays [B_host, T] (see below)
   state = it.get_state()    # {"step": ..., ...}: JSON-able, save it with the checkpoint
@@ -35,9 +35,7 @@ Batch (per host, B_host = global_batch_size / process_count, T = max_length):
   epoch        int32 [B]     with example_ids=True only: the pass over the rows it comes from
                              (static masking keys its masks on (example_id, epoch % dupe_factor))
 """
-import collections
 import dataclasses
-import os
 
 from absl import flags
 import grain
@@ -173,80 +171,30 @@ def batch_spec(example: examples.ExampleConfig, global_batch_size: int,
   return spec
 
 
-def _read_only(obj):
-  for f in dataclasses.fields(obj):
-    if isinstance(value := getattr(obj, f.name), np.ndarray):
-      value.flags.writeable = False
-  return obj
-
-
-# (corpus data_dir, split, ExampleConfig) -> (Corpus, Plan), newest last; see _corpus_and_plan.
-_PLANS: collections.OrderedDict = collections.OrderedDict()
-_PLANS_SIZE = 4
-
-
-def _stamp(path) -> tuple[int, int] | None:
-  try:
-    st = os.stat(path)
-  except (OSError, TypeError, ValueError):  # not a local folder (gs://): name and version only
-    return None
-  return st.st_ino, st.st_mtime_ns
-
-
-def _corpus_and_plan(builder, split: str, example: examples.ExampleConfig
-                     ) -> tuple[examples.Corpus, examples.Plan]:
-  """One split of a built corpus and its plan for `example`, read and planned once per
-  process: a grid run in-process (experiments.runner) builds a train and an eval loader per
-  point on the same corpus, and planning the demo corpus costs ~0.3 s a call on 2 CPU cores
-  (2026-12-03). The builder's data_dir names the corpus (its source, vocab and version), and
-  the folder's inode and mtime tell a rebuilt corpus from the one read before. The arrays are
-  shared by every loader, so they are made read-only: a writer fails instead of changing
-  another run's rows."""
-  key = (str(builder.data_dir), _stamp(builder.data_dir), split, example)
-  if key not in _PLANS:
-    corpus = _read_only(builders.read_corpus(builder, split))
-    _PLANS[key] = corpus, _read_only(examples.make_plan(corpus, example))
-    while len(_PLANS) > _PLANS_SIZE:
-      _PLANS.popitem(last=False)
-  _PLANS.move_to_end(key)
-  return _PLANS[key]
-
-
 def pretrain_loader(source: str = "demo", vocab: str = "minilm", split: str = "train",
                     example: examples.ExampleConfig = examples.ExampleConfig(),
                     global_batch_size: int = 32, seed: int = 0, num_epochs: int | None = None,
                     process_index: int | None = None, process_count: int | None = None,
                     data_dir=None, cache_dir=None, worker_count: int = 0,
-                    prefetch: int = 8, example_ids: bool = False, sharded: bool = False,
-                    build_workers: int = 2,
-                    shard_docs: int = shards.DEFAULT_DOCS_PER_SHARD,
+                    prefetch: int = 8, example_ids: bool = False, build_workers: int = 2,
+                    shard_docs: int = examples.DOCS_PER_SHARD,
                     source_data_dir: str | None = None) -> Loader:
-  """Builds (once) the tokenized corpus, plans the rows and returns this host's loader.
+  """Builds (once) the source's row shards and returns this host's loader over them.
 
-  sharded=False: the TFDS document corpus (builders.py), read whole into this process and
-  planned here: simple, for corpora that fit in memory (the demo). sharded=True: rows built by
-  `build_workers` processes into array_record shards of `shard_docs` documents (shards.py) and
-  read by index, never whole; needed for mixtures ('mix:...') and corpora at scale.
-  source_data_dir: where a tfds:<name> source's dataset lives (None: TFDS's default).
-  process_index / process_count default to jax.process_index() / jax.process_count().
+  The rows are built by `build_workers` processes into array_record shards of `shard_docs`
+  documents under `data_dir` (shards.py) and read by index, never whole: the same path for the
+  demo and for a web-scale mixture ('mix:...'). source_data_dir: where a tfds:<name> source's
+  dataset lives (None: TFDS's default). process_index / process_count default to
+  jax.process_index() / jax.process_count().
   """
   if process_index is None or process_count is None:
     import jax  # pylint: disable=g-import-not-at-top
     process_index, process_count = jax.process_index(), jax.process_count()
   tok = tokenizer.WordPieceTokenizer.load(builders.resolve_vocab(vocab, cache_dir))
-  if sharded:
-    parts = shards.prepare_shards(source, vocab, example, data_dir, cache_dir,
-                                  workers=build_workers, docs_per_shard=shard_docs,
-                                  source_data_dir=source_data_dir)
-    rows = shards.ShardedRows(parts, split)
-  else:
-    if source.startswith("mix:"):
-      raise ValueError(f"source {source!r} is a mixture: mixtures are built as shards; set "
-                       "sharded=True (--config.data.sharded=True)")
-    builder = builders.prepare_corpus(source, vocab, data_dir=data_dir, cache_dir=cache_dir,
-                                      source_data_dir=source_data_dir)
-    corpus, plan = _corpus_and_plan(builder, split, example)
-    rows = examples.Rows(corpus, plan, example, tok.cls_id, tok.sep_id, tok.pad_id)
-  return Loader(rows, LoaderConfig(global_batch_size, seed, num_epochs, process_index,
-                                   process_count, worker_count=worker_count, prefetch=prefetch,
-                                   example_ids=example_ids), tokenizer=tok)
+  parts = shards.prepare_shards(source, vocab, example, data_dir, cache_dir,
+                                workers=build_workers, docs_per_shard=shard_docs,
+                                source_data_dir=source_data_dir)
+  return Loader(shards.ShardedRows(parts, split),
+                LoaderConfig(global_batch_size, seed, num_epochs, process_index, process_count,
+                             worker_count=worker_count, prefetch=prefetch,
+                             example_ids=example_ids), tokenizer=tok)

@@ -1,13 +1,14 @@
-"""The pre-training corpus at scale: built by N worker processes into array_record row shards,
-read row by row (grain), so that no process ever holds the whole corpus.
+"""The pre-training corpus, from the demo to a pod: built by N worker processes into
+array_record row shards, read row by row (grain), so that no process ever holds the whole
+corpus. It is the only pre-training data path: the CPU demo reads the same shards a pod does.
 
   parts = prepare_shards("mix:tfds:wikipedia/20230601.en:text@0.7+files:books/*.txt@0.3",
                          vocab="minilm", example=ExampleConfig(format="segment_pair", nsp=True),
                          data_dir="gs://bucket/shards", workers=16)
   rows = ShardedRows(parts, "train")   # random access: len(rows), rows[i] -> the dict of Rows
-  loader = pipeline.Loader(rows, ...)  # (pipeline.pretrain_loader(..., sharded=True) does this)
+  loader = pipeline.Loader(rows, ...)  # (pipeline.pretrain_loader does this)
 
-Sources (data.source, as in builders.py, plus mixtures):
+Sources (data.source):
   demo[:<part>+...]                    the demo corpus
   files:<glob>[,<glob>...][:<field>]   text files (one document per file, or per blank-line
                                        block with blank_line_docs), `.jsonl` files (one
@@ -21,7 +22,10 @@ Sources (data.source, as in builders.py, plus mixtures):
 Build (process 0 only; the others wait at a barrier and then only read). Each source of a
 mixture is built on its own into <data_dir>/pretrain_shards/<source>-<key>/, keyed by what it
 is made of (the files' contents or the TFDS version, the vocab's sha256, the example config,
-the shard size, BUILD_VERSION), so changing the weights rebuilds nothing. The main process
+the shard size, BUILD_VERSION), so changing the weights rebuilds nothing. On a local data_dir
+the tokenized documents of each shard are also kept in <data_dir>/pretrain_tokens/ (keyed the
+same minus the example config): another format, length or data seed re-plans the rows from
+them instead of tokenizing the source again. The main process
 streams the source's documents in a fixed order, routes each to train or validation by its
 id (sources.split_of), and cuts each split into shards of `docs_per_shard` documents; a pool of
 `workers` processes takes whole shards: splits sentences, tokenizes, plans the rows of the shard
@@ -66,7 +70,6 @@ from encoder_jax.data import builders, examples, fetch, sources, tokenizer
 BUILD_VERSION = 1  # bump when sentence splitting, tokenization or the record layout changes
 INDEX = "index.json"
 SPLITS = ("train", "validation")
-DEFAULT_DOCS_PER_SHARD = 1024
 
 
 # ---------------------------------------------------------------------------------- sources
@@ -117,7 +120,7 @@ def parse_mixture(spec: str) -> tuple[Part, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class SourceOptions:
-  """How a source's text is read (what builders.prepare_corpus also takes)."""
+  """How a source's text is read."""
   cache_dir: str | None = None
   blank_line_docs: bool = False
   source_data_dir: str | None = None  # tfds: where the source dataset lives
@@ -129,9 +132,7 @@ def raw_documents(source: str, opts: SourceOptions,
   sentences by the build workers; the demo's sources come split already."""
   kind, _, rest = source.partition(":")
   if kind == "demo":
-    docs = builders.documents(builders.PretrainCorpusConfig(name="raw", source=source,
-                                                            cache_dir=opts.cache_dir), stats)
-    for d in docs:
+    for d in builders.demo_source_documents(source, opts.cache_dir):
       yield d.doc_id, d.sentences
   elif kind == "files":
     globs, field = sources.parse_files_spec(rest)
@@ -210,6 +211,7 @@ class _ShardTask:
   vocab_path: str
   lowercase: bool
   example: examples.ExampleConfig
+  tokens: str | None = None  # the shard's token cache (.npz), shared by every example config
 
 
 def shard_seed(seed: int, split: str, shard: int) -> int:
@@ -223,24 +225,64 @@ def _init_worker():
   os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 
+def _save_tokens(path: str, records: list[dict], empty: int) -> None:
+  """A shard's tokenized documents, flat, written atomically (two builds of the same source
+  for different example configs may write the same file at once)."""
+  n_tok = np.array([len(r["ids"]) for r in records], np.int64)
+  n_sent = np.array([len(r["sentence_lengths"]) for r in records], np.int64)
+  cat = lambda key, dtype: (np.concatenate([np.asarray(r[key], dtype) for r in records])
+                            if records else np.zeros(0, dtype))
+  tmp = f"{path}.{os.getpid()}.tmp.npz"
+  np.savez(tmp, ids=cat("ids", np.int32), word_starts=cat("word_starts", bool),
+           sentence_lengths=cat("sentence_lengths", np.int32), n_tok=n_tok, n_sent=n_sent,
+           doc_ids=np.array([str(r["doc_id"]) for r in records], str), empty=np.int64(empty))
+  os.replace(tmp, path)
+
+
+def _load_tokens(path: str) -> tuple[list[dict], int] | None:
+  """_save_tokens's records, or None where the file is missing or unreadable (rebuilt)."""
+  try:
+    with np.load(path) as z:
+      t1 = np.concatenate([[0], np.cumsum(z["n_tok"])])
+      s1 = np.concatenate([[0], np.cumsum(z["n_sent"])])
+      ids, ws, lens = z["ids"], z["word_starts"], z["sentence_lengths"]
+      records = [{"doc_id": str(d), "ids": ids[t1[i]:t1[i + 1]],
+                  "word_starts": ws[t1[i]:t1[i + 1]],
+                  "sentence_lengths": lens[s1[i]:s1[i + 1]]}
+                 for i, d in enumerate(z["doc_ids"])]
+      return records, int(z["empty"])
+  except (OSError, KeyError, ValueError) as e:
+    if os.path.exists(path):
+      logging.warning("token cache %s unreadable (%s); tokenizing again", path, e)
+    return None
+
+
 def build_shard(task: _ShardTask) -> dict:
   """Worker: documents -> sentences -> ids -> the shard's plan -> rows -> one array_record file.
   Returns counts, the seconds it took and the CPU seconds it used (for tokens/s per worker)."""
   from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
   start, cpu_start = time.perf_counter(), time.process_time()
   tok = tokenizer.WordPieceTokenizer.load(task.vocab_path, lowercase=task.lowercase)
-  docs, empty = [], 0
-  for doc_id, text in task.docs:
-    sents = sources.split_sentences(text) if isinstance(text, str) else tuple(text)
-    if sents:
-      docs.append(sources.Document(doc_id, sents))
-    else:
-      empty += 1
-  records = [rec for _, rec in builders.tokenize_documents(docs, tok, log_every_s=math.inf,
-                                                           allow_empty=True)]
-  counts = {"documents": len(records), "empty_documents": empty + len(docs) - len(records),
+  cached = _load_tokens(task.tokens) if task.tokens else None
+  if cached is None:
+    docs, empty = [], 0
+    for doc_id, text in task.docs:
+      sents = sources.split_sentences(text) if isinstance(text, str) else tuple(text)
+      if sents:
+        docs.append(sources.Document(doc_id, sents))
+      else:
+        empty += 1
+    records = [rec for _, rec in builders.tokenize_documents(docs, tok, log_every_s=math.inf,
+                                                             allow_empty=True)]
+    empty += len(docs) - len(records)
+    if task.tokens:
+      _save_tokens(task.tokens, records, empty)
+  else:
+    records, empty = cached
+  counts = {"documents": len(records), "empty_documents": empty,
             "sentences": sum(len(r["sentence_lengths"]) for r in records),
-            "tokens": sum(len(r["ids"]) for r in records), "rows": 0}
+            "tokens": sum(len(r["ids"]) for r in records), "rows": 0,
+            "from_token_cache": cached is not None}
   writer = array_record_module.ArrayRecordWriter(task.path, "group_size:1")
   try:
     if records:
@@ -265,21 +307,32 @@ def build_shard(task: _ShardTask) -> dict:
 
 
 def _source_dir(part: str, vocab_path: str, example: examples.ExampleConfig, root: str,
-                opts: SourceOptions, docs_per_shard: int, lowercase: bool) -> tuple[str, dict]:
-  """(the source's build folder, what its name hashes)."""
+                opts: SourceOptions, docs_per_shard: int, lowercase: bool
+                ) -> tuple[str, str, dict]:
+  """(the source's build folder, its token cache folder, what the build folder's name hashes).
+  The token cache's name hashes the same minus the example config."""
   key = {"version": BUILD_VERSION, "source": part,
          "content": builders.source_key(part, data_dir=root, blank_line_docs=opts.blank_line_docs,
                                         source_data_dir=opts.source_data_dir),
          "vocab_sha256": fetch.sha256_of(vocab_path), "lowercase": lowercase,
          "example": dataclasses.asdict(example), "docs_per_shard": docs_per_shard}
-  digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-  return str(epath.Path(root) / "pretrain_shards" / f"{builders.slug(part)}-{digest}"), key
+  digest = lambda d: hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+  name = builders.slug(part)
+  tokens = {k: v for k, v in key.items() if k != "example"}
+  return (str(epath.Path(root) / "pretrain_shards" / f"{name}-{digest(key)}"),
+          str(epath.Path(root) / "pretrain_tokens" / f"{name}-{digest(tokens)}"), key)
 
 
 def build_source(part: str, vocab_path: str, example: examples.ExampleConfig, out_dir: str,
                  key: dict, *, opts: SourceOptions = SourceOptions(), workers: int = 2,
-                 docs_per_shard: int = DEFAULT_DOCS_PER_SHARD, lowercase: bool = True) -> dict:
+                 docs_per_shard: int = examples.DOCS_PER_SHARD, lowercase: bool = True,
+                 token_dir: str | None = None) -> dict:
   """Builds one source into the local folder `out_dir` (emptied first); returns its index.
+
+  token_dir: a local folder of the source's tokenized shards (one .npz per shard, the same for
+  every example config): a build for another format, length or seed reads them instead of
+  splitting and tokenizing again (the shards' documents depend only on the source and
+  docs_per_shard). None: tokenize.
 
   workers=0 builds in this process (tests); otherwise a spawn pool of `workers` processes,
   with at most 2 shards per worker in flight, so the main process holds a bounded number of
@@ -291,16 +344,24 @@ def build_source(part: str, vocab_path: str, example: examples.ExampleConfig, ou
                      "negatives from other documents of the shard); use e.g. 1024")
   shutil.rmtree(out_dir, ignore_errors=True)
   os.makedirs(out_dir)
+  if token_dir:
+    os.makedirs(token_dir, exist_ok=True)
   start, cpu_start = time.perf_counter(), time.process_time()
   stats = sources.ReadStats()
   done, pending = [], collections.deque()
   n_shards = dict.fromkeys(SPLITS, 0)
+  if workers > 0 and multiprocessing.current_process().daemon:
+    # (a daemonic process, e.g. a benchmark's worker, may not start children)
+    logging.info("building %s in this process: a daemonic process cannot start workers", part)
+    workers = 0
   pool = (multiprocessing.get_context("spawn").Pool(workers, initializer=_init_worker)
           if workers > 0 else None)
 
   def submit(split, docs):
-    task = _ShardTask(os.path.join(out_dir, f"{split}-{n_shards[split]:05d}.array_record"),
-                      split, n_shards[split], tuple(docs), vocab_path, lowercase, example)
+    name = f"{split}-{n_shards[split]:05d}"
+    task = _ShardTask(os.path.join(out_dir, f"{name}.array_record"), split, n_shards[split],
+                      tuple(docs), vocab_path, lowercase, example,
+                      os.path.join(token_dir, f"{name}.npz") if token_dir else None)
     n_shards[split] += 1
     if pool is None:
       done.append(build_shard(task))
@@ -354,7 +415,7 @@ def build_source(part: str, vocab_path: str, example: examples.ExampleConfig, ou
     w["shards"] += 1
   tokens = sum(s["tokens"] for s in splits.values())
   tok = tokenizer.WordPieceTokenizer.load(vocab_path, lowercase=lowercase)
-  index = {**key, "max_length": example.max_length, "pad_id": tok.pad_id,
+  index = {**key, "max_length": example.max_length, "pad_id": tok.pad_id, "token_dir": token_dir,
            "with_label": example.nsp or example.sop, "splits": splits,
            "read_stats": dataclasses.asdict(stats),
            # tokens_per_s: wall clock; tokens_per_cpu_s: per CPU second a worker got, which
@@ -362,6 +423,7 @@ def build_source(part: str, vocab_path: str, example: examples.ExampleConfig, ou
            # dispatching process (with workers=0, all of the build); pid: that process's.
            "build": {"pid": os.getpid(), "workers": workers, "seconds": seconds,
                      "tokens": tokens,
+                     "shards_from_token_cache": sum(d["from_token_cache"] for d in done),
                      "tokens_per_s": tokens / seconds,
                      "main_cpu_seconds": time.process_time() - cpu_start,
                      "per_worker": [{"tokens_per_s": w["tokens"] / max(w["seconds"], 1e-9),
@@ -374,6 +436,23 @@ def build_source(part: str, vocab_path: str, example: examples.ExampleConfig, ou
   return index
 
 
+def tokenized_documents(folder: str, split: str) -> list[dict]:
+  """The tokenized documents of a built source's split ({doc_id, ids, word_starts,
+  sentence_lengths}, in shard order), from its token cache: for tools and tests that plan rows
+  themselves (examples.Corpus.from_records)."""
+  index = read_index(folder)
+  if index is None or not index.get("token_dir"):
+    raise FileNotFoundError(f"{folder}: not built locally with a token cache")
+  records = []
+  for s in index["splits"][split]["shards"]:
+    loaded = _load_tokens(os.path.join(index["token_dir"], s["file"].replace(".array_record",
+                                                                             ".npz")))
+    if loaded is None:
+      raise FileNotFoundError(f"{index['token_dir']}: the token cache of {s['file']} is gone")
+    records += loaded[0]
+  return records
+
+
 def read_index(folder: str) -> dict | None:
   path = epath.Path(folder) / INDEX
   return json.loads(path.read_text()) if path.exists() else None
@@ -382,7 +461,7 @@ def read_index(folder: str) -> dict | None:
 def prepare_shards(source: str = "demo", vocab: str = "minilm",
                    example: examples.ExampleConfig = examples.ExampleConfig(), data_dir=None,
                    cache_dir=None, *, workers: int = 2,
-                   docs_per_shard: int = DEFAULT_DOCS_PER_SHARD, blank_line_docs: bool = False,
+                   docs_per_shard: int = examples.DOCS_PER_SHARD, blank_line_docs: bool = False,
                    source_data_dir: str | None = None,
                    lowercase: bool = True) -> tuple[tuple[str, float], ...]:
   """Builds every source of `source` once; returns ((folder, weight), ...) for ShardedRows.
@@ -398,12 +477,12 @@ def prepare_shards(source: str = "demo", vocab: str = "minilm",
                        source_data_dir)
   out = []
   for part in parts:
-    folder, key = _source_dir(part.source, vocab_path, example, root, opts, docs_per_shard,
-                              lowercase)
+    folder, token_dir, key = _source_dir(part.source, vocab_path, example, root, opts,
+                                         docs_per_shard, lowercase)
     if paths.is_primary() and read_index(folder) is None:
       kwargs = dict(opts=opts, workers=workers, docs_per_shard=docs_per_shard,
                     lowercase=lowercase)
-      if paths.is_uri(folder):
+      if paths.is_uri(folder):  # (no token cache on a bucket: built once, read many times)
         with tempfile.TemporaryDirectory(prefix="encoder_jax_shards_") as tmp:
           build_source(part.source, vocab_path, example, tmp, key, **kwargs)
           logging.info("copying %s to %s", tmp, folder)
@@ -412,7 +491,8 @@ def prepare_shards(source: str = "demo", vocab: str = "minilm",
         os.makedirs(os.path.dirname(folder), exist_ok=True)
         with filelock.FileLock(folder + ".lock"):
           if read_index(folder) is None:  # (another process may have built it meanwhile)
-            build_source(part.source, vocab_path, example, folder, key, **kwargs)
+            build_source(part.source, vocab_path, example, folder, key, token_dir=token_dir,
+                         **kwargs)
     out.append((folder, part.weight))
   paths.sync(f"encoder_jax: shards ready in {root}")
   for folder, _ in out:

@@ -7,8 +7,7 @@ the unigram argmax's. The trainer scores both baselines on exactly the positions
 (`encoder_jax.objectives.mlm.unigram_baseline`), so the comparison needs no assumption about
 how positions were chosen.
 
-  counts = unigram_counts(builder, "train")          # int64 [V], specials included as counted
-  counts = row_counts(shards.ShardedRows(...), V)    # the same from built rows (data.sharded)
+  counts = row_counts(shards.ShardedRows(...), V)    # int64 [V] over the rows' real tokens
   logp_V = unigram_log_probs(counts, special_ids)    # float32 [V], add-one smoothed
   unigram_entropy(counts, special_ids)               # nats, of the train distribution itself
 """
@@ -36,15 +35,6 @@ def counts_of(ids_iter: Iterable[np.ndarray], vocab_size: int,
     if max_tokens is not None and seen >= max_tokens:
       break
   return counts
-
-
-def unigram_counts(builder, split: str, vocab_size: int,
-                   max_tokens: int | None = 50_000_000) -> np.ndarray:
-  """Counts of a tokenized pre-training corpus split (`builders.PretrainCorpus`), document by
-  document (never the whole split in memory); capped at `max_tokens` for web-scale corpora,
-  where 50M tokens pin down every frequency that matters to the baseline."""
-  source = builder.as_data_source(split=split)
-  return counts_of((source[i]["ids"] for i in range(len(source))), vocab_size, max_tokens)
 
 
 def row_counts(rows, vocab_size: int, max_tokens: int | None = 50_000_000) -> np.ndarray:

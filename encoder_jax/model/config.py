@@ -19,6 +19,8 @@ DOT_DTYPES = ("", "bfloat16", "auto")
 POSITION_INITS = ("normal", "sinusoidal")
 POSITION_BIASES = ("none", "alibi")
 PLATFORMS = ("", "cpu", "gpu", "tpu")
+# BERT's uncased WordPiece vocabulary (Devlin et al. 2019; also MiniLM's, data.vocab "minilm").
+BERT_VOCAB_SIZE = 30522
 
 
 def dataclass_from_mapping(cls, d: Mapping[str, Any], what: str):
@@ -35,7 +37,7 @@ def dataclass_from_mapping(cls, d: Mapping[str, Any], what: str):
 class ModelConfig:
   """Sizes and numerics of one encoder. Defaults are BERT-base (uncased vocab)."""
 
-  vocab_size: int = 30522
+  vocab_size: int = BERT_VOCAB_SIZE
   hidden_size: int = 768  # d
   num_layers: int = 12  # L
   num_heads: int = 12  # h
@@ -68,8 +70,8 @@ class ModelConfig:
   #   "cudnn"     jax.nn.dot_product_attention with cuDNN flash attention (GPU, bf16/fp16;
   #               raises where it cannot run instead of falling back);
   #   "pallas"    jax.experimental.pallas.ops.tpu.flash_attention (TPU; on CPU only under
-  #               a Pallas interpret mode, as tests/model/test_pallas_attention.py runs it); padding and packed
-  #               segments become its segment ids, ALiBi its bias;
+  #               a Pallas interpret mode, as tests/model/test_pallas_attention.py runs it);
+  #               padding and packed segments become its segment ids, ALiBi its bias;
   #   "explicit"  the einsum + fp32 softmax path (what dropout forces), even without dropout.
   # jax itself never picks cuDNN (its default is XLA). bench/gpu.py measures both on a GPU.
   attention_impl: str = "auto"

@@ -89,9 +89,9 @@ class ElectraInputs(NamedTuple):
 
 
 # Ids per block of the two-level inverse-CDF search in `sample_tokens` (a multiple of 8 and
-# 16 for the vector units; 8,192 ids -> 64 blocks, 30,522 -> 239 after padding). The demo
-# ELECTRA step (rows 16 x 64, 8,192 ids) took 56.2 ms with it against 65.5 ms with the
-# one-level search (7 interleaved rounds, quiet, 2026-12-03; bench/README.md).
+# 16 for the vector units; 8,192 ids -> 64 blocks, 30,522 -> 239 after padding). Two levels
+# make fewer passes over the generator's logits than a one-level search, and the demo ELECTRA
+# step was measurably faster with them (bench/README.md, "ELECTRA's sampler in two levels").
 SAMPLE_BLOCK = 128
 
 
@@ -101,9 +101,9 @@ def sample_tokens(key: jax.Array, logits_BxPxV: jax.Array, temperature: float | 
 
   Inverse-CDF sampling: one uniform draw per row, located in the cumulative softmax
   (`inverse_cdf`). The Gumbel-max trick (argmax of logits + Gumbel noise, what
-  google-research/electra does) is the same distribution but draws V random numbers per row;
-  with threefry on XLA:CPU that was 46 ms of a ~68 ms demo ELECTRA step (16 x 13 rows x 8,192
-  ids: 1.7M draws).
+  google-research/electra does) is the same distribution but draws V random numbers per row
+  (1.7M draws a step for the demo's 16 x 13 rows x 8,192 ids); with threefry on XLA:CPU that
+  was most of the demo ELECTRA step's time (bench/README.md).
   The logits are stop-gradient'ed (no gradient through sampling, as ELECTRA). `disallow_BxP`
   (e.g. the original ids: the repo's `disallow_correct`) can never be sampled.
   """
@@ -156,10 +156,11 @@ def never_impossible(probs_BxPxV: jax.Array, index_BxP: jax.Array) -> jax.Array:
   row's most likely id.
 
   XLA:CPU computes a cumulative sum as a parallel scan, so neighbouring entries are rounded
-  differently and a zero-probability id can get a CDF step of ~1 ulp (0.75% of the zero ids of
-  random 8,192-wide rows, measured 2026-12-03): such an id must never be drawn (a ~1e-7 chance
-  per such id). The argmax over [B, P, V] runs under lax.cond, only for a batch that has such a
-  row: computed always, it was 8 ms of the demo ELECTRA step's ~113 ms of op time.
+  differently and a zero-probability id can get a CDF step of ~1 ulp (a fraction of a percent
+  of the zero ids of random 8,192-wide rows; bench/README.md): such an id must never be drawn
+  (a ~1e-7 chance per such id). The argmax over [B, P, V] runs under lax.cond, only for a batch
+  that has such a row: computed always, it was a measurable share of the demo ELECTRA step's op
+  time (bench/README.md).
   """
   V = probs_BxPxV.shape[-1]
   safe_BxP = jnp.minimum(index_BxP, V - 1)

@@ -178,8 +178,8 @@ def mask_tokens(key: jax.Array, ids_BxT: jax.Array, maskable_BxT: jax.Array, *,
     raise ValueError(f"ids_BxT has dtype {ids_BxT.dtype}; pass integer token ids.")
   B, T = ids_BxT.shape
   if not 1 <= max_predictions <= T:
-    raise ValueError(f"max_predictions={max_predictions} must be in [1, seq_len={T}]; BERT uses "
-                     "20 at 128 tokens and 80 at 512.")
+    raise ValueError(f"max_predictions={max_predictions} must be in [1, seq_len={T}]; the "
+                     "trainer's default is pretraining.default_max_predictions (20 at 128).")
   if not 0.0 < rate <= 1.0:
     raise ValueError(f"rate={rate} must be in (0, 1]; BERT and ELECTRA use 0.15.")
   if mask_frac < 0 or random_frac < 0 or mask_frac + random_frac > 1.0 + 1e-9:

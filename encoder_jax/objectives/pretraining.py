@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from encoder_jax.model.bert import BertForPreTraining
-from encoder_jax.model.config import ModelConfig
+from encoder_jax.model.config import BERT_VOCAB_SIZE, ModelConfig
 from encoder_jax.model.electra import ElectraModel, generator_config
 from encoder_jax.objectives import electra as electra_obj
 from encoder_jax.objectives.masking import mask_tokens, static_mask_keys
@@ -35,7 +35,7 @@ class ObjectiveConfig:
 
   objective: str = "mlm"  # mlm | electra | electra_15 | replace_mlm | all_tokens_mlm
   sentence_task: str = "none"  # none | nsp | sop (needs nsp_label in the batch)
-  vocab_size: int = 30522
+  vocab_size: int = BERT_VOCAB_SIZE
   mask_id: int = 103
   special_ids: tuple[int, ...] = (0, 100, 101, 102, 103)  # never chosen / never drawn
   mask_rate: float = 0.15
@@ -194,7 +194,17 @@ def static_keys(obj: ObjectiveConfig, seed: int, batch) -> jax.Array | None:
 
 
 def default_max_predictions(objective: str, mask_rate: float, max_length: int) -> int:
-  """BERT: ceil(rate * T) (20 at 128); ELECTRA's repo: int((rate + 0.005) * T) (19 at 128)."""
+  """The prediction slots P of a row of `max_length` tokens: the trainer's default (used when
+  config.objective.max_predictions is 0) and what bench/ and experiments/ count and time.
+
+  MLM: ceil(rate * T), the fewest slots that never cut a row's count round(rate * n), n <= T
+  (masking.py): 20 at 128 tokens, 77 at 512 (rate 0.15). ELECTRA objectives: its repo's
+  int((rate + 0.005) * T) (configure_pretraining.py): 19 at 128, 79 at 512.
+  """
+  # BERT's release sets the cap by hand, max_predictions_per_seq (Devlin et al.'s
+  # create_pretraining_data.py / run_pretraining.py flags; its README: "around max_seq_length *
+  # masked_lm_prob"): 20 at 128 tokens, as here, and 80 at 512, 3 more than ceil(0.15 * 512) =
+  # 77; those 3 slots are always empty padding (weight 0) whose MLM-head rows only cost time.
   if objective == "mlm":
     return max(1, math.ceil(mask_rate * max_length))
   return max(1, int((mask_rate + 0.005) * max_length))

@@ -7,7 +7,7 @@ it; report per-device memory.
       (8 fake CPU devices are created unless --fake_devices=0 or --tpu_topology is given)
 
 What is compiled is exactly what `python -m encoder_jax.main --mode=pretrain` would run for the
-same --config: `loop.build(config)` (model config with the tokenizer's vocab size, objective,
+same --config: `setup.build(config)` (model config with the tokenizer's vocab size, objective,
 optimizer and schedule, remat, dtype), the state shardings from the parameters' logical axes
 (`sharding.state_shardings`), the batch sharding, `step.make_train_step`, and the batch keys,
 shapes and dtypes the config's loader yields (`pipeline.batch_spec`). No corpus is built; the
@@ -18,7 +18,7 @@ What works where (jax 0.10.2):
     --tpu_topology=v5e:4x4 ...` (run.sh puts libtpu, the TPU compiler of `jax[tpu]==0.10.2`,
     on the path) builds the mesh on `jax.experimental.topologies.get_topology_desc(
     platform="tpu", topology_name=...)` devices, and every "auto" in config.model resolves for
-    the TPU (loop.model_config): the printed program is the pod's. CI compiles BERT-base and
+    the TPU (setup.model_config): the printed program is the pod's. CI compiles BERT-base and
     ELECTRA-base this way (bench/tpu_aot.py --rows=ci); tests/tpu/ checks the program.
   * CPU: any mesh over fake host devices (the CPU's program: fp32 or bf16 dots, unrolled
     layers); memory is XLA:CPU's buffer assignment, a proxy for the TPU's at best.
@@ -45,7 +45,7 @@ flags.DEFINE_string("tpu_topology", None, "Compile for an abstract TPU topology,
 flags.DEFINE_bool("table", False, "Also print the sharding of every parameter.")
 flags.DEFINE_enum("platform", None, ["tpu", "gpu", "cpu"], "The platform whose choices every "
                   "'auto' in config.model takes (layer layout, remat, compute dtype, dot dtype, "
-                  "attention path; train/loop.py model_config). Default: the devices' own, "
+                  "attention path; train/setup.py model_config). Default: the devices' own, "
                   "which is the only faithful choice: the TPU's program comes from "
                   "--tpu_topology, not from --platform=tpu on CPU devices.")
 
@@ -56,18 +56,18 @@ def compile_train_step(config, devices=None, platform: str | None = None):
   Returns (compiled, setup, state_shardings, abstract_state, mesh, seconds)."""
   import jax
 
-  from encoder_jax.train import loop, sharding, step as step_lib
+  from encoder_jax.train import setup, sharding, step as step_lib
 
   if devices is None:
     devices = jax.devices()
-  s = loop.build(config, platform or devices[0].platform)
-  mesh = sharding.mesh_from_config(config.get("mesh", "auto"), devices)
+  s = setup.build(config, platform or devices[0].platform)
+  mesh = sharding.mesh_from_config(s.mesh, devices)
   abstract = jax.eval_shape(s.init_fn)
   state_shardings = sharding.state_shardings(abstract, mesh)
   state_in = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
                           abstract, state_shardings)
   batch_sharding = sharding.batch_sharding(mesh)
-  batch_in = loop.abstract_batch(config, batch_sharding)
+  batch_in = setup.abstract_batch(s.data, batch_sharding)
   train_step = step_lib.make_train_step(s.trainer, state_shardings, batch_sharding)
   t0 = time.perf_counter()
   compiled = train_step.lower(state_in, batch_in).compile()

@@ -22,8 +22,10 @@ with optim.accumulation_steps = k the optimizer applies an update every k calls.
 (log_every, eval_every, checkpoint_every) of 0 mean "never periodically"; the end of a run
 always logs, saves, and evaluates unless eval_steps = 0.
 
-The loop is built from the pieces in encoder_jax.train.loop_parts (throughput meter, pending
-metrics, rollback choice, schedule of periodic actions) and recovery.restore_or_init.
+The config is read once, by encoder_jax.train.setup.build, into a frozen Setup; everything
+below reads that. The loop is built from the pieces in encoder_jax.train.loop_parts
+(throughput meter, pending metrics, rollback choice, schedule of periodic actions) and
+recovery.restore_or_init.
 
 Behaviour a user relies on:
   * Resume: a workdir holding checkpoints continues from the newest good one (damaged ones are
@@ -53,278 +55,32 @@ Behaviour a user relies on:
 """
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 import signal
 import threading
 import time
 from typing import Any
 
-from absl import logging
 from etils import epath
 import jax
 import ml_collections
 import numpy as np
 
 from encoder_jax import paths
-from encoder_jax.data import builders, examples, pipeline, shards, unigram
+from encoder_jax.data import unigram
 from encoder_jax.data.builders import resolve_vocab
-from encoder_jax.data.tokenizer import WordPieceTokenizer
-from encoder_jax.model.config import ModelConfig
-from encoder_jax.objectives import pretraining
 from encoder_jax.train import flops as flops_lib
 from encoder_jax.train import init_from
 from encoder_jax.train import loop_parts as parts
 from encoder_jax.train import recovery
-from encoder_jax.train import sharding
+from encoder_jax.train import setup, sharding
 from encoder_jax.train import step as step_lib
 from encoder_jax.train.checkpoint import Checkpointer
 from encoder_jax.train.metrics_io import (MetricWriter, Stage, format_duration,
                                           progress_line)
-from encoder_jax.train.optim import OptimConfig, build_optimizer
 
 SUMMARY_FILE = "summary.json"
-CONFIG_FILE = recovery.CONFIG_FILE
 
-
-class ConfigError(ValueError):
-  """A config value the trainer cannot run with; the message names the key and the fix."""
-
-
-def check_train_config(config: ml_collections.ConfigDict) -> None:
-  """Refuses values that would silently do something else than asked (e.g. steps=-5 ran 0)."""
-  t = config.train
-  if t.steps < 0:
-    raise ConfigError(f"train.steps={t.steps}: give a positive number of steps, or 0 to derive "
-                      "them from train.flops_budget.")
-  if t.flops_budget < 0:
-    raise ConfigError(f"train.flops_budget={t.flops_budget:g}: give a positive budget, or 0 "
-                      "for none.")
-  if not t.steps and not t.flops_budget:
-    raise ConfigError("train.steps=0 means 'derive from train.flops_budget', but the budget is "
-                      "0 too; set one of them (e.g. --config.train.steps=1000).")
-  for key in ("log_every", "eval_every", "checkpoint_every", "eval_steps", "resume_step",
-              "skip_batches"):
-    if t.get(key, 0) < 0:
-      raise ConfigError(f"train.{key}={t[key]}: must be >= 0 (0 means never / none).")
-  if t.eval_every > 0 and t.eval_steps == 0:
-    raise ConfigError(f"train.eval_every={t.eval_every} with train.eval_steps=0 asks for "
-                      "evaluations of no batch: set eval_steps > 0, or eval_every=0.")
-  if config.get("phase", 1) == 2 and not config.get("init_from"):
-    raise ConfigError("phase=2 continues a phase-1 run: give --config.init_from=<phase-1 "
-                      "workdir> (BERT's seq-512 phase starts from phase 1's parameters).")
-  if t.keep < 1:
-    raise ConfigError(f"train.keep={t.keep}: keep at least one checkpoint, or resume is "
-                      "impossible.")
-  if t.get("skip_batches", 0) and not t.get("resume_step", 0):
-    raise ConfigError(f"train.skip_batches={t.skip_batches} needs train.resume_step: the "
-                      "checkpoint after which the batches are skipped.")
-
-
-# ------------------------------------------------------------------ config -> static pieces
-
-
-def _is_auto(value) -> bool:
-  return isinstance(value, str) and value.strip().lower() == "auto"
-
-
-def resolve_layers(scan_layers: bool | str, remat_policy: str,
-                   backend: str | None = None) -> tuple[bool, str]:
-  """`model.scan_layers` and `model.remat_policy` as ModelConfig takes them, for `backend`
-  (default: JAX's). "auto" (configs/pretrain.py, where the measurements are): scanned layers
-  on TPU/GPU, unrolled on CPU; remat "dots" for scanned layers, "none" for unrolled ones.
-  scan_layers may also be a bool or the strings a command line gives ("True", "false", "1")."""
-  if _is_auto(scan_layers):
-    scan_layers = (backend or jax.default_backend()) != "cpu"
-  elif isinstance(scan_layers, str):
-    choices = {"true": True, "1": True, "false": False, "0": False}
-    if scan_layers.strip().lower() not in choices:
-      raise ConfigError(f"model.scan_layers={scan_layers!r}; use auto, True or False.")
-    scan_layers = choices[scan_layers.strip().lower()]
-  if _is_auto(remat_policy):
-    remat_policy = "dots" if scan_layers else "none"
-  return bool(scan_layers), remat_policy
-
-
-def settle_layers(config: ml_collections.ConfigDict, workdir=None,
-                  backend: str | None = None) -> None:
-  """Writes what "auto" resolves to (`resolve_layers`) into config.model.scan_layers and
-  remat_policy, so the run's config.json records the layout its checkpoints have. A run that
-  resumes in `workdir` keeps the layout recorded there (a run started on a TPU and resumed on
-  a CPU must restore the same parameter structure); a new run takes its platform's."""
-  m = config.model
-  record = epath.Path(workdir) / CONFIG_FILE if workdir is not None else None
-  if _is_auto(m.scan_layers) and record is not None and record.exists():
-    try:
-      recorded = json.loads(record.read_text())["model"]["scan_layers"]
-    except (ValueError, KeyError, TypeError):
-      recorded = "auto"  # no readable record: the platform decides, as for a new run
-    if not _is_auto(recorded):
-      m.scan_layers = str(recorded)
-  scan, remat = resolve_layers(m.scan_layers, m.remat_policy, backend)
-  m.scan_layers = str(scan) if isinstance(m.scan_layers, str) else scan
-  m.remat_policy = remat
-
-
-def resolve_numerics(dtype: str, backend: str | None = None) -> str:
-  """`model.dtype` as ModelConfig takes it, for `backend` (default: JAX's). "auto"
-  (configs/pretrain.py precision=auto): bfloat16 activations and matmuls on TPU/GPU, where
-  the MXU / tensor cores take bf16 operands and bf16 activations halve the HBM traffic;
-  float32 on CPU, where model.dot_dtype="auto" then rounds only the matmul operands to bf16
-  on a CPU with AVX-512 BF16 / AMX (encoder_jax.model.matmul: XLA:CPU's bf16-result dots are
-  slower than fp32). Parameters, gradients and optimizer state stay model.param_dtype."""
-  if _is_auto(dtype):
-    return "float32" if (backend or jax.default_backend()) == "cpu" else "bfloat16"
-  return dtype
-
-
-def model_config(config: ml_collections.ConfigDict, vocab_size: int,
-                 backend: str | None = None) -> ModelConfig:
-  """The frozen ModelConfig of `config.model`, with the tokenizer's vocabulary size and every
-  "auto" resolved for `backend` (default: JAX's): the layer layout (`resolve_layers`), the
-  compute dtype (`resolve_numerics`), and -- through ModelConfig.platform -- the attention path
-  and dot dtype the layers pick while tracing. So a step lowered on a CPU host for a TPU
-  topology (compile_check, bench/tpu_aot.py) is the TPU's program."""
-  backend = backend or jax.default_backend()
-  d = config.model.to_dict()
-  d["scan_layers"], d["remat_policy"] = resolve_layers(d["scan_layers"], d["remat_policy"],
-                                                       backend)
-  d["dtype"] = resolve_numerics(d["dtype"], backend)
-  d["platform"] = backend
-  d["embedding_size"] = d.get("embedding_size") or None  # 0 in the ConfigDict means "= d"
-  if d.get("vocab_size", vocab_size) != vocab_size:
-    logging.info("model.vocab_size=%s replaced by the tokenizer's %d", d["vocab_size"],
-                 vocab_size)
-  d["vocab_size"] = vocab_size
-  cfg = ModelConfig.from_dict(d)
-  if config.data.max_length > cfg.max_positions:
-    raise ValueError(f"data.max_length={config.data.max_length} exceeds model.max_positions="
-                     f"{cfg.max_positions}; shorten the rows or raise max_positions.")
-  return cfg
-
-
-def objective_config(config: ml_collections.ConfigDict,
-                     tok: WordPieceTokenizer) -> pretraining.ObjectiveConfig:
-  o = config.objective
-  max_pred = o.max_predictions or pretraining.default_max_predictions(
-      o.objective, o.mask_rate, config.data.max_length)
-  specials = tuple(sorted({tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id}))
-  return pretraining.ObjectiveConfig(
-      objective=o.objective, sentence_task=o.sentence_task, vocab_size=tok.vocab_size,
-      mask_id=tok.mask_id, special_ids=specials, mask_rate=o.mask_rate,
-      max_predictions=max_pred, mask_frac=o.mask_frac, random_frac=o.random_frac,
-      whole_word=o.whole_word, gen_hidden_frac=o.gen_hidden_frac,
-      gen_layers_frac=o.gen_layers_frac, temperature=o.temperature, disc_weight=o.disc_weight,
-      masking=o.get("masking", "dynamic"), dupe_factor=o.get("dupe_factor", 10))
-
-
-def example_config(config: ml_collections.ConfigDict) -> examples.ExampleConfig:
-  task = config.objective.sentence_task
-  ex = examples.ExampleConfig(format=config.data.format, max_length=config.data.max_length,
-                              nsp=task == "nsp", sop=task == "sop", pack=config.data.pack,
-                              short_seq_prob=config.data.short_seq_prob, seed=config.seed)
-  ex.validate()
-  return ex
-
-
-def corpus_builder(config: ml_collections.ConfigDict):
-  """The tokenized corpus of `config.data` (built once, then read from the cache)."""
-  d = config.data
-  return builders.prepare_corpus(d.source, d.vocab, data_dir=d.data_dir or None,
-                                 cache_dir=d.cache_dir or None,
-                                 source_data_dir=d.get("source_data_dir", "") or None)
-
-
-def _shard_args(config: ml_collections.ConfigDict) -> dict:
-  d = config.data
-  return dict(sharded=d.get("sharded", False), build_workers=d.get("build_workers", 2),
-              shard_docs=d.get("shard_docs", shards.DEFAULT_DOCS_PER_SHARD),
-              source_data_dir=d.get("source_data_dir", "") or None)
-
-
-def _example_ids(config: ml_collections.ConfigDict) -> bool:
-  """Batches carry example_id / epoch: static masking keys its masks on them."""
-  return config.objective.get("masking", "dynamic") == "static"
-
-
-def make_loader(config: ml_collections.ConfigDict, split: str) -> pipeline.Loader:
-  d = config.data
-  return pipeline.pretrain_loader(
-      source=d.source, vocab=d.vocab, split=split, example=example_config(config),
-      global_batch_size=d.batch_size, seed=config.seed, data_dir=d.data_dir or None,
-      cache_dir=d.cache_dir or None, worker_count=d.worker_count,
-      example_ids=_example_ids(config), **_shard_args(config))
-
-
-def abstract_batch(config: ml_collections.ConfigDict, batch_sharding
-                   ) -> dict[str, jax.ShapeDtypeStruct]:
-  """The global batches make_loader's loaders yield, as shapes and dtypes placed by
-  `batch_sharding` (pipeline.batch_spec; no corpus is read): what an ahead-of-time compile of
-  the train or eval step takes."""
-  spec = pipeline.batch_spec(example_config(config), config.data.batch_size,
-                             example_ids=_example_ids(config))
-  return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding)
-          for k, (shape, dtype) in spec.items()}
-
-
-def train_unigram_counts(config: ml_collections.ConfigDict, vocab_size: int) -> np.ndarray:
-  """Token counts of the training split: of the TFDS corpus's documents, or with data.sharded
-  of the built rows (evenly spaced ones, so a mixture counts by its weights)."""
-  d = config.data
-  if not d.get("sharded", False):
-    return unigram.unigram_counts(corpus_builder(config), "train", vocab_size)
-  a = _shard_args(config)
-  parts = shards.prepare_shards(d.source, d.vocab, example_config(config), d.data_dir or None,
-                                d.cache_dir or None, workers=a["build_workers"],
-                                docs_per_shard=a["shard_docs"],
-                                source_data_dir=a["source_data_dir"])
-  return unigram.row_counts(shards.ShardedRows(parts, "train"), vocab_size)
-
-
-@dataclasses.dataclass
-class Setup:
-  """Everything static about a run, derived once from the ConfigDict."""
-  model_cfg: ModelConfig
-  obj: pretraining.ObjectiveConfig
-  optim_cfg: OptimConfig
-  trainer: step_lib.Trainer
-  init_fn: Any
-  flops_per_step: float
-  tokens_per_step: int  # padded positions per step (what the hardware computes)
-  end_step: int  # the run stops here ...
-  planned_stop: str  # ... because of "steps" or "flops_budget"
-
-
-def build(config: ml_collections.ConfigDict, backend: str | None = None) -> Setup:
-  """The run's static pieces; `backend` (default JAX's) is the platform the step is compiled
-  for, whose choices every unsettled "auto" in config.model takes (`model_config`)."""
-  check_train_config(config)
-  # The same (cached) tokenizer the loaders use: WordPieceTokenizer.load builds it once.
-  tok = WordPieceTokenizer.load(resolve_vocab(config.data.vocab, config.data.cache_dir or None))
-  model_cfg = model_config(config, tok.vocab_size, backend)
-  obj = objective_config(config, tok)
-  gen_cfg = obj.generator_config(model_cfg)
-  B, T = config.data.batch_size, config.data.max_length
-  fps = flops_lib.train_flops_per_step(
-      model_cfg, batch_size=B, seq_len=T, objective=obj.objective,
-      max_predictions=obj.max_predictions, sparse_mlm=True, nsp=obj.sentence_task != "none",
-      generator=gen_cfg)
-
-  t = config.train
-  budget_steps = math.ceil(t.flops_budget / fps) if t.flops_budget > 0 else None
-  steps = t.steps or budget_steps
-  end_step, planned = steps, "steps"
-  if budget_steps is not None and budget_steps <= steps:
-    end_step, planned = budget_steps, "flops_budget"
-
-  od = config.optim.to_dict()
-  if not od["total_steps"]:
-    od["total_steps"] = max(1, steps // od["accumulation_steps"])
-  optim_cfg = OptimConfig.from_dict(od)
-  tx, schedule = build_optimizer(optim_cfg, num_layers=model_cfg.num_layers)
-  trainer, init_fn = step_lib.create(model_cfg, obj, tx, schedule, config.seed)
-  return Setup(model_cfg, obj, optim_cfg, trainer, init_fn, fps, B * T, end_step, planned)
 
 # ------------------------------------------------------------------------------ the run
 
@@ -411,27 +167,27 @@ def sharded_abstract_state(init_fn, mesh) -> tuple[Any, Any]:
                       abstract, shardings), shardings
 
 
-def unigram_baseline(config: ml_collections.ConfigDict, obj: pretraining.ObjectiveConfig
-                     ) -> tuple[jax.Array, float]:
+def unigram_baseline(s: setup.Setup) -> tuple[jax.Array, float]:
   """(log-probabilities over the vocab, entropy) of the training split's unigram distribution:
   the context-free baseline every evaluation is compared with."""
   with Stage("counting the corpus's unigram frequencies"):
-    counts = train_unigram_counts(config, obj.vocab_size)
-  return (jax.numpy.asarray(unigram.unigram_log_probs(counts, obj.special_ids)),
-          unigram.unigram_entropy(counts, obj.special_ids))
+    counts = setup.train_unigram_counts(s.data, s.obj.vocab_size)
+  return (jax.numpy.asarray(unigram.unigram_log_probs(counts, s.obj.special_ids)),
+          unigram.unigram_entropy(counts, s.obj.special_ids))
 
 
-def start_state(config: ml_collections.ConfigDict, s: Setup, state_shardings=None,
+def start_state(s: setup.Setup, state_shardings=None,
                 pretrained: init_from.Pretrained | None = None) -> step_lib.TrainState:
   """A new run's state: initialised from the seed, with config.init_from's parameters put in."""
   state = initial_state(s.init_fn, state_shardings)
-  if not config.get("init_from"):
+  if not s.init_from:
     return state
   if pretrained is None:
-    raise ConfigError(f"config.init_from={config.init_from!r} is loaded by the entry point: run "
-                      "python -m encoder_jax.main --mode=pretrain (or call "
-                      "encoder_jax.pretrain.pretrain instead of train_and_evaluate).")
-  vocab = resolve_vocab(config.data.vocab, config.data.cache_dir or None)
+    raise setup.ConfigError(
+        f"config.init_from={s.init_from!r} is loaded by the entry point: run python -m "
+        "encoder_jax.main --mode=pretrain (or call encoder_jax.pretrain.pretrain instead of "
+        "train_and_evaluate).")
+  vocab = resolve_vocab(s.data.vocab, s.data.cache_dir)
   return state._replace(params=init_from.apply(state.params, pretrained, s.obj.is_electra,
                                                vocab, _say))
 
@@ -446,35 +202,37 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   workdir = paths.absolute(workdir)  # a gs:// workdir stays one (encoder_jax.paths)
   if not paths.is_uri(workdir):  # (a bucket needs no folders)
     workdir.mkdir(parents=True, exist_ok=True)
-  settle_layers(config, workdir)
-  s, t = build(config), config.train
+  setup.settle_layers(config, workdir)
+  s = setup.build(config)  # the one boundary: below, only the frozen Setup is read
+  del config
+  t = s.train
   # The mesh (data, fsdp, tensor) comes from config.mesh; nothing below depends on it:
   # batches are split over data x fsdp, checkpoints restore into the state's shardings.
-  mesh = sharding.mesh_from_config(config.get("mesh", "auto"))
+  mesh = sharding.mesh_from_config(s.mesh)
   abstract, state_shardings = sharded_abstract_state(s.init_fn, mesh)
-  steps = _Steps(s, config, mesh, abstract, state_shardings)
-  with Stage(f"preparing the corpus ({config.data.source})"):
-    train_it = iter(make_loader(config, "train"))
-    eval_loader = make_loader(config, config.data.eval_split) if t.eval_steps > 0 else None
-  baseline = unigram_baseline(config, s.obj) if eval_loader is not None else (None, None)
+  steps = _Steps(s, mesh, abstract, state_shardings)
+  with Stage(f"preparing the corpus ({s.data.source})"):
+    train_it = iter(setup.make_loader(s.data, "train"))
+    eval_loader = (setup.make_loader(s.data, s.data.eval_split) if t.eval_steps > 0
+                   else None)
+  baseline = unigram_baseline(s) if eval_loader is not None else (None, None)
   if eval_loader is not None:
     steps.start_eval(baseline[0])
   ckpt = Checkpointer(workdir / "checkpoints", keep=t.keep)
   run = None
   try:
     begin = recovery.restore_or_init(
-        ckpt, t, abstract, lambda: start_state(config, s, state_shardings, pretrained),
+        ckpt, t, abstract, lambda: start_state(s, state_shardings, pretrained),
         train_it, _say)
     n_peak, peak, kind = flops_lib.peak_of_mesh(mesh, t.peak_flops)
     num_params = sum(x.size for x in jax.tree.leaves(begin.state.params))
     _say(f"{s.obj.objective} ({s.obj.sentence_task}) | {num_params:,} params | "
-         f"batch {config.data.batch_size} x {config.data.max_length} | "
+         f"batch {s.data.batch_size} x {s.data.example.max_length} | "
          f"{s.flops_per_step:.3g} FLOPs/step | peak {n_peak} x {peak / 1e9:.1f} GFLOP/s "
          f"({kind}{', measured per host' if mesh.devices.flat[0].platform == 'cpu' else ''}) | "
          f"steps {begin.step} -> {s.end_step} ({s.planned_stop})")
-    run = _Run(s, config, workdir, begin, ckpt, train_it, eval_loader, baseline[0], mesh,
-               steps, parts.ThroughputMeter(s.flops_per_step, s.tokens_per_step,
-                                                      n_peak, peak),
+    run = _Run(s, workdir, begin, ckpt, train_it, eval_loader, baseline[0], mesh,
+               steps, parts.ThroughputMeter(s.flops_per_step, s.tokens_per_step, n_peak, peak),
                prior_wall_s=float(begin.meta.get("wall_s", 0.0)), t_start=t_start)
     try:
       stop_reason = run.train()
@@ -511,10 +269,10 @@ class _Steps:
   (loop_parts.Precompiled) for the argument types the loop will pass: the state's abstract
   shapes and shardings, and global batches of pipeline.batch_spec's shapes."""
 
-  def __init__(self, s: Setup, config, mesh, abstract, state_shardings):
+  def __init__(self, s: setup.Setup, mesh, abstract, state_shardings):
     self.abstract = abstract
     batch_sh = sharding.batch_sharding(mesh)
-    self.batch = abstract_batch(config, batch_sh)
+    self.batch = setup.abstract_batch(s.data, batch_sh)
     jitted = step_lib.make_train_step(s.trainer, state_shardings, batch_sh)
     self.train = parts.Precompiled.of(jitted, abstract, self.batch, name="train step")
     self.eval = step_lib.make_eval_step(s.trainer)
@@ -528,11 +286,11 @@ class _Run:
   """One process's training from `begin` to the end step: the step loop and its periodic
   actions (log, evaluate, save), built from encoder_jax.train.loop_parts."""
 
-  def __init__(self, s: Setup, config, workdir, begin: recovery.Begin, ckpt: Checkpointer,
+  def __init__(self, s: setup.Setup, workdir, begin: recovery.Begin, ckpt: Checkpointer,
                train_it, eval_loader, unigram_logp_V, mesh, steps: "_Steps",
                meter: parts.ThroughputMeter, *, prior_wall_s: float, t_start: float):
-    t = config.train
-    self.s, self.t, self.config, self.workdir = s, t, config, workdir
+    t = s.train
+    self.s, self.t, self.workdir = s, t, workdir
     self.state, self.step, self.start, self.branch = begin.state, begin.step, begin.step, \
         begin.branch
     self.ckpt, self.train_it, self.eval_loader = ckpt, train_it, eval_loader
@@ -541,12 +299,12 @@ class _Run:
     self.window = recovery.Window(begin.meta.get("window"))
     self.pending = parts.PendingMetrics(self.window)
     self.rollback = parts.Rollback(ckpt, begin.meta.get("rollback"))
-    self.record = recovery.ConfigRecord(config, workdir, begin.step, _say)
+    self.record = recovery.ConfigRecord(s.config_json, workdir, begin.step, _say)
     self.schedule = parts.Schedule(t.log_every, t.eval_every, t.checkpoint_every, s.end_step,
                                    evaluating=eval_loader is not None)
     self.train_step, self.eval_step = steps.train, steps.eval
     self.writer = MetricWriter(workdir, resume_step=begin.step)
-    self.profiler = parts.StepProfiler(t.get("profile_steps", 0), t.get("profile_num_steps", 3),
+    self.profiler = parts.StepProfiler(t.profile_steps, t.profile_num_steps,
                                        workdir / "profile")
     self.compile_s, self.last_train, self.last_eval = None, {}, {}
 
@@ -658,7 +416,7 @@ class _Run:
     if set(self.ckpt.sealed) & set(self.ckpt.all_steps()):  # this config made kept states
       self.record.commit()
     msg = recovery.divergence_message(e, self.ckpt, aside, self.rollback.state(),
-                                      self.config.optim.learning_rate)
+                                      self.s.optim_cfg.learning_rate)
     _write_summary(self.workdir, dict(steps=bad_step, stop_reason="non_finite", error=msg,
                                       last_good_checkpoint=self.ckpt.latest_step(),
                                       rollback_checkpoint=self.rollback.step))

@@ -1,9 +1,12 @@
 """What a restarted pre-training run picks up, and what it says after a divergence.
 
-  start, branch = choose_start(ckpt, config.train, say)   # newest good, or a rollback branch
-  begin = restore_or_init(ckpt, config.train, abstract, init, train_it, say)  # + the state
+  start, branch = choose_start(ckpt, s.train, say)        # newest good, or a rollback branch
+  begin = restore_or_init(ckpt, s.train, abstract, init, train_it, say)  # + the state
   window = Window(meta.get("window"))                     # the open log window, restored
-  record = ConfigRecord(config, workdir, start, say)      # config.json and its history
+  record = ConfigRecord(s.config_json, workdir, start, say)  # config.json and its history
+
+`s` is the run's frozen train.setup.Setup: recovery reads its TrainSettings, never the
+ConfigDict.
   raise FloatingPointError(divergence_message(...))       # how to roll back and train on
 
 Used by encoder_jax.train.loop, whose docstring states the behaviour these pieces give.
@@ -16,14 +19,12 @@ from typing import Any, Callable
 
 from etils import epath
 import jax
-import ml_collections
 import numpy as np
 
 from encoder_jax import paths
 from encoder_jax.train.checkpoint import Checkpointer, CheckpointError
 from encoder_jax.train.metrics_io import Stage
-
-CONFIG_FILE = "config.json"
+from encoder_jax.train.setup import CONFIG_FILE, TrainSettings
 
 
 class Window:
@@ -70,9 +71,8 @@ class ConfigRecord:
   high learning rate) leaves the good run's config.json as it was.
   """
 
-  def __init__(self, config: ml_collections.ConfigDict, workdir: str, start: int,
-               say: Callable[[str], None]):
-    self.text = config.to_json_best_effort(indent=2, sort_keys=True)
+  def __init__(self, config_json: str, workdir: str, start: int, say: Callable[[str], None]):
+    self.text = config_json
     self.path = epath.Path(workdir) / CONFIG_FILE
     self.start, self.pending = start, False
     self.enabled = jax.process_index() == 0
@@ -110,7 +110,7 @@ class ConfigRecord:
     self._write()
 
 
-def choose_start(ckpt: Checkpointer, t: ml_collections.ConfigDict,
+def choose_start(ckpt: Checkpointer, t: TrainSettings,
                  say: Callable[[str], None]) -> tuple[int, dict | None]:
   """(step to restore, 0 for none; the branch to record, or None to keep the checkpoint's).
 
@@ -119,10 +119,10 @@ def choose_start(ckpt: Checkpointer, t: ml_collections.ConfigDict,
   (a restart of the same command after a preemption), it is resumed instead.
   """
   newest = ckpt.newest_good(report=say)
-  want = t.get("resume_step", 0)
+  want = t.resume_step
   if not want:
     return newest or 0, None
-  branch = {"from": want, "skip": t.get("skip_batches", 0)}
+  branch = {"from": want, "skip": t.skip_batches}
   if newest is not None and newest > want and ckpt.read_meta(newest).get("branch") == branch:
     return newest, branch
   if newest is None or ckpt.newest_good(below=want + 1, report=say) != want:
@@ -144,7 +144,7 @@ class Begin:
   meta: dict
 
 
-def restore_or_init(ckpt: Checkpointer, t: ml_collections.ConfigDict, abstract: Any,
+def restore_or_init(ckpt: Checkpointer, t: TrainSettings, abstract: Any,
                     init: Callable[[], Any], data_it: Any,
                     say: Callable[[str], None]) -> Begin:
   """Restores the checkpoint `choose_start` picks into `abstract`'s shapes and shardings, and

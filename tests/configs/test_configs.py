@@ -18,7 +18,7 @@ EXPECTED = {  # (L, d, h, FFN, embedding) from the BERT / Turc et al. / ELECTRA 
 
 
 def to_model_config(config, backend="cpu") -> ModelConfig:
-  from encoder_jax.train.loop import model_config
+  from encoder_jax.train.setup import model_config
   return model_config(config, config.model.vocab_size, backend)
 
 
@@ -78,7 +78,7 @@ def test_the_demo_recipe_picks_its_matmuls_and_attention_by_cpu(monkeypatch, bf1
 def test_layer_layout_is_picked_by_platform(backend, layers):
   # Unrolled layers without remat on CPU, scanned layers with `dots` remat on TPU/GPU
   # (measured: configs/pretrain.py model_config); an explicit choice wins on every platform.
-  from encoder_jax.train.loop import ConfigError, resolve_layers
+  from encoder_jax.train.setup import ConfigError, resolve_layers
   cfg = to_model_config(pretrain.get_config("size=base"), backend)
   assert (cfg.scan_layers, cfg.remat_policy) == layers
   c = pretrain.get_config("size=base")
@@ -102,7 +102,7 @@ def test_a_run_records_its_layout_and_a_resume_keeps_it(tmp_path):
   # and fine-tuning read the checkpoints' structure); a run resumed on another platform keeps
   # the layout its checkpoints were written with.
   import json
-  from encoder_jax.train.loop import CONFIG_FILE, settle_layers
+  from encoder_jax.train.setup import CONFIG_FILE, settle_layers
   new = pretrain.get_config("size=mini")
   settle_layers(new, tmp_path / "fresh", backend="cpu")
   assert (new.model.scan_layers, new.model.remat_policy) == ("False", "none")

@@ -26,7 +26,7 @@ from encoder_jax.convert import export  # noqa: E402
 from encoder_jax.convert import load_hf_bert, load_hf_electra_pair  # noqa: E402
 from encoder_jax.convert.hf_bert import _pure_params  # noqa: E402
 from encoder_jax.data.tokenizer import WordPieceTokenizer  # noqa: E402
-from encoder_jax.train import loop  # noqa: E402
+from encoder_jax.train import loop, setup  # noqa: E402
 
 pytestmark = pytest.mark.parity
 TOL = 1e-5
@@ -70,8 +70,8 @@ def _checkpoint_params(workdir, step):
 def _run_scans(workdir) -> bool:
   """The layer layout the run recorded in its config.json (model.scan_layers=auto settles to
   the platform's: unrolled on CPU), which its checkpoints have."""
-  recorded = json.loads((workdir / loop.CONFIG_FILE).read_text())["model"]
-  return loop.resolve_layers(recorded["scan_layers"], recorded["remat_policy"])[0]
+  recorded = json.loads((workdir / setup.CONFIG_FILE).read_text())["model"]
+  return setup.resolve_layers(recorded["scan_layers"], recorded["remat_policy"])[0]
 
 
 def _assert_equal_trees(a, b):
@@ -178,7 +178,7 @@ def test_a_pre_ln_alibi_run_is_refused_in_one_line(tmp_path):
   assert config.model.norm_first and config.model.position_bias == "alibi"
   workdir, out = tmp_path / "run", tmp_path / "hf"
   (workdir / "checkpoints").mkdir(parents=True)
-  (workdir / loop.CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
+  (workdir / setup.CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
   proc = _cli(workdir, out)
   assert proc.returncode == 1, proc.stderr[-3000:]
   said = [line for line in proc.stderr.splitlines() if line.startswith("export:")]
@@ -191,7 +191,7 @@ def test_a_pre_ln_alibi_run_is_refused_in_one_line(tmp_path):
   # An ELECTRA run with ALiBi (post-LN) was exported before, computing something else in HF.
   config.objective.objective = "electra"
   config.model.norm_first = False
-  (workdir / loop.CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
+  (workdir / setup.CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
   with pytest.raises(export.NotRepresentable, match=r"has ALiBi position bias .*, which HF "
                      r"ELECTRA cannot represent"):
     export.export_run(workdir, out)

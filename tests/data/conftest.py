@@ -1,17 +1,19 @@
-"""Shared fixtures: the demo corpus (built once per machine in the user's cache, ~25 s)."""
+"""Shared fixtures: the demo corpus's row shards (built once per machine in the user's cache,
+~25 s) and its training documents as one in-memory Corpus for the row planner's tests."""
 import pytest
 
-from encoder_jax.data import builders, tokenizer
+from encoder_jax.data import builders, examples, shards, tokenizer
 
 
 @pytest.fixture(scope="session")
-def demo_builder():
-  return builders.prepare_corpus("demo", "minilm")
+def demo_shards() -> str:
+  (folder, _), = shards.prepare_shards("demo", "minilm", examples.ExampleConfig())
+  return folder
 
 
 @pytest.fixture(scope="session")
-def demo_corpus(demo_builder):
-  return builders.read_corpus(demo_builder, "train")
+def demo_corpus(demo_shards):
+  return examples.Corpus.from_records(shards.tokenized_documents(demo_shards, "train"))
 
 
 @pytest.fixture(scope="session")

@@ -1,21 +1,22 @@
-"""TFDS builders: demo corpus counts, task splits, held-out Brown documents."""
+"""The demo corpus's counts (its row shards), the TFDS task splits, held-out Brown documents,
+shards keyed by content."""
 import collections
 import os
 import pathlib
 
 import numpy as np
 
-from encoder_jax.data import brown, builders, sources
+from encoder_jax.data import brown, builders, examples, shards, sources
 
 # Pinned artifacts + BERT uncased vocab + sentencex 1.0.32 give exactly these numbers.
 DEMO_TRAIN = {"documents": 749, "sentences": 112_715, "tokens": 3_353_819}
 DEMO_VALIDATION = {"documents": 15, "sentences": 2_204, "tokens": 59_890}
 
 
-def test_demo_corpus_counts(demo_builder, demo_corpus):
-  meta = demo_builder.info.metadata
-  assert meta["train_counts"] == DEMO_TRAIN
-  assert meta["validation_counts"] == DEMO_VALIDATION
+def test_demo_corpus_counts(demo_shards, demo_corpus):
+  splits = shards.read_index(demo_shards)["splits"]
+  for split, want in (("train", DEMO_TRAIN), ("validation", DEMO_VALIDATION)):
+    assert {k: splits[split][k] for k in want} == want, split
   assert (demo_corpus.num_docs, demo_corpus.num_sentences, demo_corpus.num_tokens) == tuple(
       DEMO_TRAIN.values())
   print(f"\ndemo corpus train {DEMO_TRAIN} validation {DEMO_VALIDATION}")
@@ -23,9 +24,8 @@ def test_demo_corpus_counts(demo_builder, demo_corpus):
   assert parts == {"sotu": 230, "moby_dick": 132, "brown": 387}
 
 
-def test_demo_corpus_records(demo_builder, bert_tok):
-  src = demo_builder.as_data_source(split="validation")
-  rec = src[0]
+def test_demo_corpus_records(demo_shards, bert_tok):
+  rec = shards.tokenized_documents(demo_shards, "validation")[0]
   assert rec["ids"].dtype == np.int32 and rec["word_starts"].dtype == bool
   assert rec["sentence_lengths"].sum() == len(rec["ids"]) and (rec["sentence_lengths"] > 0).all()
   np.testing.assert_array_equal(rec["word_starts"], bert_tok.word_starts(rec["ids"]))
@@ -90,30 +90,36 @@ def test_simplified_tagset():
 
 
 def test_corpus_cache_is_keyed_by_content(tmp_path, bert_tok):
-  """Editing a source file (or the vocab) rebuilds the corpus; an untouched one is reused."""
+  """Editing a source file (or the vocab) rebuilds the shards; an untouched one is reused."""
   texts = tmp_path / "texts"
   texts.mkdir()
   (texts / "a.txt").write_text("The whale rose beside the ship. Call me Ishmael.\n")
   (texts / "b.txt").write_text("The state of our union is strong.\n")
   source, data_dir = f"files:{texts}/*.txt", str(tmp_path / "tfds")
+  cfg = examples.ExampleConfig(format="doc_sentences", max_length=32)
 
-  def words(builder):
-    return bert_tok.decode(builders.read_corpus(builder, "train").ids_N.tolist())
+  def build(vocab="minilm"):
+    (folder, _), = shards.prepare_shards(source, vocab, cfg, data_dir, workers=0,
+                                         docs_per_shard=2)
+    return folder
 
-  first = builders.prepare_corpus(source, "minilm", data_dir=data_dir)
+  def words(folder):
+    rows = shards.ShardedRows([(folder, 1.0)])
+    return " ".join(bert_tok.decode(rows[i]["input_ids"][rows[i]["mask"]].tolist())
+                    for i in range(len(rows)))
+
+  first = build()
   assert "whale" in words(first)
-  os.utime(texts / "a.txt")  # touched, same bytes: same corpus, nothing rebuilt
-  assert builders.prepare_corpus(source, "minilm", data_dir=data_dir).builder_config.name == (
-      first.builder_config.name)
+  os.utime(texts / "a.txt")  # touched, same bytes: same shards, nothing rebuilt
+  assert build() == first
   (texts / "a.txt").write_text("The shark rose beside the boat. Call me Ishmael.\n")  # same size
-  edited = builders.prepare_corpus(source, "minilm", data_dir=data_dir)
-  assert edited.builder_config.name != first.builder_config.name
+  edited = build()
+  assert edited != first
   assert "shark" in words(edited) and "whale" not in words(edited)
 
   vocab = tmp_path / "vocab.txt"
   vocab.write_text(pathlib.Path(builders.resolve_vocab("minilm")).read_text())
-  named = builders.prepare_corpus(source, str(vocab), data_dir=data_dir).builder_config.name
+  named = build(str(vocab))
   with vocab.open("a") as f:
     f.write("brandnewtoken\n")
-  assert builders.prepare_corpus(source, str(vocab), data_dir=data_dir).builder_config.name != (
-      named)
+  assert build(str(vocab)) != named

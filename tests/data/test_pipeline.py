@@ -1,6 +1,4 @@
 """grain loader: deterministic shuffle, host sharding (1/2/4 hosts), global batches, resume."""
-import dataclasses
-import time
 
 import numpy as np
 import pytest
@@ -154,40 +152,3 @@ def test_pretrain_loader_end_to_end():
   b = next(iter(loader))
   assert b["input_ids"].shape == (8, 128) and b["nsp_label"].shape == (8,)
   assert (b["input_ids"][:, 0] == 101).all()
-
-
-def test_loaders_share_one_read_and_plan_per_corpus_split_and_format(demo_builder, tmp_path,
-                                                                    monkeypatch):
-  """A grid builds two loaders a point on one corpus: the corpus is read and planned once per
-  (corpus, split, ExampleConfig), a rebuilt corpus folder is read again, and the shared arrays
-  are read-only (a writer would change every other loader's rows)."""
-  reads = []
-  real_read = pipeline.builders.read_corpus
-  monkeypatch.setattr(pipeline.builders, "read_corpus",
-                      lambda b, split: reads.append(split) or real_read(demo_builder, split))
-  monkeypatch.setattr(pipeline, "_PLANS", type(pipeline._PLANS)())
-  builder = type("Builder", (), {"data_dir": tmp_path / "corpus"})()
-  builder.data_dir.mkdir()
-  ex = examples.ExampleConfig(format="full_sentences", max_length=64)
-  first = pipeline._corpus_and_plan(builder, "train", ex)
-  assert pipeline._corpus_and_plan(builder, "train", ex) is first and reads == ["train"]
-  other = pipeline._corpus_and_plan(builder, "train", dataclasses.replace(ex, max_length=32))
-  assert other[1] is not first[1] and len(other[1].len_E) > len(first[1].len_E)
-  pipeline._corpus_and_plan(builder, "validation", ex)
-  assert reads == ["train", "train", "validation"]
-  with pytest.raises(ValueError, match="read-only"):
-    first[0].ids_N[0] = 0
-  with pytest.raises(ValueError, match="read-only"):
-    first[1].start_P[0] = 0
-  # The same folder, rebuilt: read again.
-  builder.data_dir.rmdir()
-  time.sleep(0.01)
-  builder.data_dir.mkdir()
-  assert pipeline._corpus_and_plan(builder, "train", ex) is not first
-  assert reads[-1] == "train" and len(reads) == 4
-  # pretrain_loader goes through it: a second loader of the demo corpus reuses the plan.
-  monkeypatch.undo()
-  ex = examples.ExampleConfig(format="full_sentences", max_length=48)
-  a, b = (pipeline.pretrain_loader("demo", "minilm", example=ex, global_batch_size=4, seed=s,
-                                   process_index=0, process_count=1) for s in (0, 1))
-  assert a.rows.plan is b.rows.plan and a.rows.corpus is b.rows.corpus

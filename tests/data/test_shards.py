@@ -1,6 +1,7 @@
-"""The sharded corpus (data/shards.py): rows identical to the in-memory plan of each shard,
-deterministic for any number of build workers, mixtures by weight with NSP inside a source,
-disjoint hosts, every file kind, interrupted builds redone, bad specs explained."""
+"""The row shards (data/shards.py), the only pre-training corpus path: rows identical to the
+in-memory plan of each shard, deterministic for any number of build workers, the token cache
+reused across example configs, mixtures by weight with NSP inside a source, disjoint hosts,
+every file kind, interrupted builds redone, bad specs explained."""
 import dataclasses
 import gzip
 import json
@@ -114,12 +115,12 @@ def test_record_round_trip_packed_and_wide_ids(tok):
 
 
 def test_two_worker_command_builds_what_this_process_builds(tmp_path, corpus_dir, monkeypatch):
-  """`python -m encoder_jax.data.build --sharded --build_workers=2` (results arriving in any
+  """`python -m encoder_jax.data.build --build_workers=2` (results arriving in any
   order) writes the same shards, byte for byte, as a build in this process; and a training
   process with the same settings finds that build instead of building again."""
   source = f"files:{corpus_dir}/a/*.txt"
   out = subprocess.run(
-      [sys.executable, "-m", "encoder_jax.data.build", "--datasets=corpus", "--sharded",
+      [sys.executable, "-m", "encoder_jax.data.build", "--datasets=corpus",
        "--build_workers=2", "--shard_docs=16", f"--source={source}", f"--data_dir={tmp_path}/2",
        "--vocab=minilm", "--format=segment_pair", "--nsp", "--max_length=32", "--seed=3",
        "--show=1"], check=True, capture_output=True, text=True).stdout
@@ -186,13 +187,13 @@ def test_mixture_weights_and_nsp_within_a_source(tmp_path, corpus_dir, id_sets):
 def test_hosts_read_disjoint_rows_covering_an_epoch(tmp_path, corpus_dir):
   """Two hosts (process 0 and 1 of 2) get disjoint rows of the sharded corpus that together
   are every row of the epoch but the last, incomplete global batch, through
-  pretrain_loader(sharded=True)."""
+  pretrain_loader."""
   spec = f"mix:files:{corpus_dir}/a/*.txt@1+files:{corpus_dir}/b/*.txt@1"
   ids = []
   for host in (0, 1):
     loader = pipeline.pretrain_loader(spec, "minilm", example=NSP, global_batch_size=16,
                                       num_epochs=1, process_index=host, process_count=2,
-                                      data_dir=tmp_path, example_ids=True, sharded=True,
+                                      data_dir=tmp_path, example_ids=True,
                                       build_workers=0, shard_docs=16)
     ids.append(np.concatenate([b["example_id"] for b in loader]))
   n = len(loader.rows)
@@ -254,33 +255,61 @@ def test_bad_mixture_specs_say_what_to_write(spec, match):
     shards.parse_mixture(spec)
 
 
-def test_mixture_parts_and_the_in_memory_path():
+def test_mixture_parts():
   assert shards.parse_mixture("mix:demo:sotu+brown@2+files:gs://b/x/*.jsonl:text@1") == (
       shards.Part("demo:sotu+brown", 2.0), shards.Part("files:gs://b/x/*.jsonl:text", 1.0))
   assert shards.parse_mixture("demo") == (shards.Part("demo", 1.0),)
-  with pytest.raises(ValueError, match=r"sharded=True"):
-    pipeline.pretrain_loader("mix:demo@1+demo:brown@1", "minilm", process_index=0,
-                             process_count=1)
+
+
+def test_another_example_config_replans_from_the_token_cache(tmp_path, corpus_dir, monkeypatch):
+  """A second build of the same source for another format, length and seed reads every shard's
+  tokens from the cache (no sentence splitting or tokenizing) and holds the same tokens; a
+  damaged cache file is tokenized again."""
+  source = f"files:{corpus_dir}/a/*.txt"
+  (first, _), = shards.prepare_shards(source, "minilm", NSP, tmp_path, workers=0,
+                                      docs_per_shard=16)
+  other = examples.ExampleConfig(format="doc_sentences", max_length=48, seed=9)
+  token_dir, = (tmp_path / "pretrain_tokens").iterdir()
+  n_cached = len(list(token_dir.glob("*.npz")))
+  monkeypatch.setattr(builders, "tokenize_documents",
+                      lambda *a, **k: pytest.fail("tokenized again"))
+  (second, _), = shards.prepare_shards(source, "minilm", other, tmp_path, workers=0,
+                                       docs_per_shard=16)
+  monkeypatch.undo()
+  assert second != first
+  a, b = shards.read_index(first), shards.read_index(second)
+  assert b["build"]["shards_from_token_cache"] == n_cached == sum(
+      len(s["shards"]) for s in b["splits"].values())
+  for split in shards.SPLITS:
+    assert a["splits"][split]["tokens"] == b["splits"][split]["tokens"]
+    assert a["splits"][split]["documents"] == b["splits"][split]["documents"]
+  rows = shards.ShardedRows([(second, 1.0)])
+  assert all(rows[i]["mask"].sum() <= 48 for i in range(len(rows)))
+  # A damaged cache file: warned about and tokenized again, same tokens.
+  (token_dir / "train-00000.npz").write_bytes(b"not a zip")
+  third = examples.ExampleConfig(format="full_sentences", max_length=40)
+  (folder, _), = shards.prepare_shards(source, "minilm", third, tmp_path, workers=0,
+                                       docs_per_shard=16)
+  c = shards.read_index(folder)
+  assert c["build"]["shards_from_token_cache"] == n_cached - 1
+  assert c["splits"]["train"]["tokens"] == a["splits"]["train"]["tokens"]
 
 
 def test_a_training_config_selects_the_sharded_mixture(tmp_path, corpus_dir):
-  """data.sharded=True with a mix: source gives the trainer a loader over ShardedRows (NSP
-  labels included) and unigram counts of those rows."""
+  """A mix: source gives the trainer a loader over ShardedRows (NSP labels included) and
+  unigram counts of those rows."""
   from configs import pretrain  # pylint: disable=g-import-not-at-top
   from encoder_jax.data import unigram  # pylint: disable=g-import-not-at-top
-  from encoder_jax.train import loop  # pylint: disable=g-import-not-at-top
+  from encoder_jax.train import setup  # pylint: disable=g-import-not-at-top
   config = pretrain.get_config("size=tiny,nsp=nsp")
   config.seed = 3
   config.data.update(dict(
       source=f"mix:files:{corpus_dir}/a/*.txt@0.5+files:{corpus_dir}/b/*.txt@0.5",
-      data_dir=str(tmp_path), max_length=32, batch_size=8, sharded=True, build_workers=0,
+      data_dir=str(tmp_path), max_length=32, batch_size=8, build_workers=0,
       shard_docs=16))
-  loader = loop.make_loader(config, "train")
+  loader = setup.make_loader(config, "train")
   assert isinstance(loader.rows, shards.ShardedRows) and len(loader.rows.names) == 2
   batch = next(iter(loader))
   assert batch["input_ids"].shape == (8, 32) and batch["nsp_label"].shape == (8,)
-  counts = loop.train_unigram_counts(config, loader.tokenizer.vocab_size)
+  counts = setup.train_unigram_counts(config, loader.tokenizer.vocab_size)
   assert np.array_equal(counts, unigram.row_counts(loader.rows, loader.tokenizer.vocab_size))
-  config.data.sharded = False
-  with pytest.raises(ValueError, match="sharded=True"):
-    loop.make_loader(config, "train")

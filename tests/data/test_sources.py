@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from encoder_jax.data import builders, examples, fetch, sources
+from encoder_jax.data import examples, fetch, shards, sources
 
 
 def _moby_text(n_chapters=3):
@@ -50,20 +50,23 @@ def test_local_corpus_with_one_huge_document(tmp_path, bert_tok):
   words = " ".join(chapters).replace(".", " ").replace("?", " ").replace("!", " ").split()
   (tmp_path / "huge.txt").write_text(" ".join(words * 3))  # one "sentence" of ~100k words
   (tmp_path / "empty.txt").write_text("")
-  builder = builders.prepare_corpus(f"files:{tmp_path}/*.txt", "minilm",
-                                    data_dir=str(tmp_path / "tfds"))
-  stats = builder.info.metadata["read_stats"]
-  assert stats["empty_files"] == 1 and stats["files"] == 14
-  corpus = builders.read_corpus(builder, "train")
-  if "validation" not in builder.info.splits:  # 13 documents: likely none there
-    with pytest.raises(ValueError, match="no split 'validation'"):
-      builders.read_corpus(builder, "validation")
-  assert corpus.num_tokens > 100_000 and corpus.sent_len_S.max() > 50_000
   cfg = examples.ExampleConfig(format="full_sentences", max_length=128)
-  plan = examples.make_plan(corpus, cfg)
-  assert (plan.len_E <= 128).all() and (plan.end_P - plan.start_P).sum() == corpus.num_tokens
-  rows = examples.Rows(corpus, plan, cfg, bert_tok.cls_id, bert_tok.sep_id, bert_tok.pad_id)
-  assert all(rows[r]["mask"].sum() <= 128 for r in range(0, len(rows), 50))
+  (folder, _), = shards.prepare_shards(f"files:{tmp_path}/*.txt", "minilm", cfg,
+                                       str(tmp_path / "tfds"), workers=0)
+  index = shards.read_index(folder)
+  stats = index["read_stats"]
+  assert stats["empty_files"] == 1 and stats["files"] == 14
+  corpus = examples.Corpus.from_records(shards.tokenized_documents(folder, "train"))
+  assert corpus.num_tokens > 100_000 and corpus.sent_len_S.max() > 50_000
+  assert corpus.num_tokens == index["splits"]["train"]["tokens"]
+  if index["splits"]["validation"]["rows"] == 0:  # 13 documents: likely none there
+    with pytest.raises(ValueError, match="no validation rows"):
+      shards.ShardedRows([(folder, 1.0)], "validation")
+  rows = shards.ShardedRows([(folder, 1.0)])
+  real = [int(rows[r]["mask"].sum()) for r in range(len(rows))]
+  # Every token once, plus [CLS] ... [SEP] per row and a [SEP] where a row crosses documents.
+  assert max(real) <= 128
+  assert 0 <= sum(real) - 2 * len(rows) - corpus.num_tokens < corpus.num_docs
 
 
 def test_tfds_text_dataset_by_name():
@@ -75,8 +78,9 @@ def test_tfds_text_dataset_by_name():
     assert len(docs) == 4 and docs[0].sentences[0] == "Call me Ishmael."
     with pytest.raises(ValueError, match=r"no field 'body'.*\['label', 'text'\]"):
       list(sources.tfds_documents("imdb_reviews", "body", "train"))
-    cfg = builders.PretrainCorpusConfig(name="t", source="tfds:imdb_reviews:text")
-    assert len(list(builders.documents(cfg, sources.ReadStats()))) == 4
+    docs = shards.raw_documents("tfds:imdb_reviews:text", shards.SourceOptions(),
+                                sources.ReadStats())
+    assert len(list(docs)) == 4
 
 
 def test_rotten_tomatoes_pretraining_part_holds_only_train_movies():

@@ -27,7 +27,7 @@ import tensorflow_datasets as tfds
 from encoder_jax import paths
 from encoder_jax.convert import export
 from encoder_jax.finetune import backbone, finetune_and_evaluate
-from encoder_jax.train import checkpoint, loop
+from encoder_jax.train import checkpoint, loop, setup
 from loop_helpers import (DOCS, N, ROOT, assert_bitwise_equal, budget_for, compilation_cache,
                           eval_rows, restore,
                           run_subprocess, tiny_config, train_rows, wait_for)
@@ -142,7 +142,7 @@ def test_export_from_the_bucket_to_hf(env, straight, tmp_path):
     ref = hf.eval()(**{k: torch.tensor(batch[k]) for k in names}).logits.numpy()
   # What the run's own model computes from its checkpoint at 2N.
   state, _, _ = restore(workdir, 2 * N, config)
-  ours = nnx.merge(loop.build(config).trainer.graphdef_eval, state.params)
+  ours = nnx.merge(setup.build(config).trainer.graphdef_eval, state.params)
   logits = np.asarray(ours(*(batch[k] for k in names))[0])
   mask = batch["attention_mask"].astype(bool)
   assert np.abs(logits[mask] - ref[mask]).max() <= 1e-5

@@ -77,12 +77,12 @@ def test_unknown_impl_is_a_config_error():
   path a --config.model.attention_impl override takes)."""
   import ml_collections
   from encoder_jax.model.config import ATTENTION_IMPLS
-  from encoder_jax.train import loop
+  from encoder_jax.train import setup
   config = ml_collections.ConfigDict({"model": ModelConfig().to_dict(),
                                       "data": {"max_length": 16}})
   config.model.attention_impl = "flash"
   for build in (lambda: ModelConfig(attention_impl="flash"),
-                lambda: loop.model_config(config, vocab_size=64)):
+                lambda: setup.model_config(config, vocab_size=64)):
     with pytest.raises(ValueError, match="attention_impl") as err:
       build()
     assert "--config.model.attention_impl" in str(err.value)

@@ -1,7 +1,7 @@
 """The step compiled for a TPU topology is the TPU's program, not the CPU host's.
 
 Every "auto" in a config (layer layout, remat, compute dtype, dot dtype, attention path) is
-resolved for the platform the step is compiled for (train/loop.py model_config). The unit
+resolved for the platform the step is compiled for (train/setup.py model_config). The unit
 tests check the resolution without a TPU compiler; the compile tests build abstract TPU
 devices with libtpu (`bash run.sh test` installs it and names its folder in
 ENCODER_JAX_LIBTPU) and inspect the compiled HLO, in a subprocess whose PYTHONPATH holds
@@ -18,7 +18,7 @@ import pytest
 from configs import pretrain
 from encoder_jax.model.attention import attention_path
 from encoder_jax.model.matmul import bf16_dots
-from encoder_jax.train import loop
+from encoder_jax.train import setup
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 LIBTPU = os.environ.get("ENCODER_JAX_LIBTPU", "")
@@ -26,7 +26,7 @@ LIBTPU = os.environ.get("ENCODER_JAX_LIBTPU", "")
 
 def _cfg(arg, backend):
   config = pretrain.get_config(arg)
-  return loop.model_config(config, 8192, backend)
+  return setup.model_config(config, 8192, backend)
 
 
 @pytest.mark.parametrize("backend", ["tpu", "gpu"])

@@ -12,7 +12,7 @@ from configs import pretrain as pretrain_config
 from encoder_jax.data import fetch
 from encoder_jax.finetune import backbone
 from encoder_jax.pretrain import load_pretrained, pretrain
-from encoder_jax.train import init_from, loop
+from encoder_jax.train import init_from, loop, setup
 
 import loop_helpers as H
 
@@ -53,15 +53,15 @@ def test_a_run_starts_from_every_parameter_of_another_with_a_fresh_optimizer(env
   config, workdir = phase1
   new = H.tiny_config(env, steps=2)
   new.init_from = str(workdir)
-  s = loop.build(new)
-  state = loop.start_state(new, s, None, load_pretrained(str(workdir)))
+  s = setup.build(new)
+  state = loop.start_state(s, None, load_pretrained(str(workdir)))
   done, _, _ = H.restore(workdir, H.N, config)
   H.assert_bitwise_equal(state.params, done.params)  # encoder, MLM head: all of them
   assert int(state.step) == 0
-  fresh = loop.start_state(H.tiny_config(env), s)
+  fresh = loop.start_state(setup.build(H.tiny_config(env)))
   H.assert_bitwise_equal(state.opt_state, fresh.opt_state)  # zero moments, count 0
   # a checkpoint step folder names the same parameters
-  step_dir = loop.start_state(new, s, None, load_pretrained(str(workdir / "checkpoints" / "6")))
+  step_dir = loop.start_state(s, None, load_pretrained(str(workdir / "checkpoints" / "6")))
   H.assert_bitwise_equal(step_dir.params, done.params)
   # through the entry point, on rows of another length (the phase-2 move): it trains on
   new.data.max_length = 16
@@ -77,7 +77,7 @@ def test_mismatched_shape_vocab_or_model_is_refused_naming_both(env, phase1, tmp
   # (32,) / (64,) with the CPU's unrolled layers; (1, 32) / (1, 64) with scanned ones
   with pytest.raises(ValueError, match=r"20 parameter\(s\) differ in shape.*out_bias: "
                      r"\((1, )?32,?\) in \S*run, \((1, )?64,?\) in this run"):
-    loop.start_state(wider, loop.build(wider), None, load_pretrained(str(workdir)))
+    loop.start_state(setup.build(wider), None, load_pretrained(str(workdir)))
   # the same size, but two tokens swapped: the embedding rows would mean other tokens
   lines = open(fetch.minilm_vocab()).read().split("\n")
   lines[1000], lines[1001] = lines[1001], lines[1000]
@@ -87,15 +87,15 @@ def test_mismatched_shape_vocab_or_model_is_refused_naming_both(env, phase1, tmp
   other.init_from = str(workdir)
   with pytest.raises(ValueError, match=f"vocab {fetch.minilm_vocab()}.*tokenizes with "
                                        f"{tmp_path / 'vocab.txt'}"):
-    loop.start_state(other, loop.build(other), None, load_pretrained(str(workdir)))
+    loop.start_state(setup.build(other), None, load_pretrained(str(workdir)))
   electra = H.tiny_config(env, steps=2)
   electra.objective.objective = "electra"
   electra.init_from = str(workdir)
   with pytest.raises(ValueError, match="none of its parameters"):
-    loop.start_state(electra, loop.build(electra), None, load_pretrained(str(workdir)))
+    loop.start_state(setup.build(electra), None, load_pretrained(str(workdir)))
   # init_from set but not loaded (train_and_evaluate called directly): say how
-  with pytest.raises(loop.ConfigError, match="encoder_jax.main"):
-    loop.start_state(electra, loop.build(electra))
+  with pytest.raises(setup.ConfigError, match="encoder_jax.main"):
+    loop.start_state(setup.build(electra))
 
 
 def test_phase_2_config_is_berts_seq_512_phase_and_needs_a_phase_1_run():
@@ -103,8 +103,8 @@ def test_phase_2_config_is_berts_seq_512_phase_and_needs_a_phase_1_run():
   assert (c.phase, c.data.max_length, c.train.steps, c.optim.warmup_steps) == (2, 512,
                                                                                100_000, 1_000)
   assert c.model.max_positions == 512 and pretrain_config.get_config("size=base").phase == 1
-  with pytest.raises(loop.ConfigError, match="init_from=<phase-1 workdir>"):
-    loop.check_train_config(c)
+  with pytest.raises(setup.ConfigError, match="init_from=<phase-1 workdir>"):
+    setup.check_train_config(c)
   with pytest.raises(ValueError, match="phase='3'"):
     pretrain_config.get_config("phase=3")
 

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from encoder_jax.train import checkpoint, loop
+from encoder_jax.train import checkpoint, loop, setup
 from encoder_jax.train import loop_parts as parts
 from encoder_jax.train import step as step_lib
 from encoder_jax.objectives import pretraining
@@ -181,7 +181,7 @@ def test_profile_steps_write_a_tensorboard_trace_to_the_workdir(env, tmp_path):
                                  "runlocal", "size=electra-small,objective=electra_15"])
 def test_configs_build(arg):
   config = pretrain.get_config(arg)
-  s = loop.build(config)
+  s = setup.build(config)
   assert s.obj.objective == config.objective.objective
   assert s.obj.max_predictions == (20 if s.obj.objective == "mlm" else 19) or arg == "runlocal"
   assert s.optim_cfg.total_steps == config.train.steps and s.flops_per_step > 0
@@ -200,8 +200,8 @@ def test_configs_build(arg):
 def test_bad_config_values_are_refused_naming_the_key(override, match):
   config = pretrain.get_config("runlocal")
   config.train.update(override)
-  with pytest.raises(loop.ConfigError, match=match):
-    loop.build(config)
+  with pytest.raises(setup.ConfigError, match=match):
+    setup.build(config)
 
 
 def test_bad_config_args():
@@ -216,7 +216,7 @@ def test_logged_learning_rate_counts_updates_not_micro_batches():
   cfg = pretrain.get_config("size=tiny")
   cfg.optim.update(dict(accumulation_steps=2, warmup_steps=4, learning_rate=1e-3))
   cfg.train.steps = 16
-  s = loop.build(cfg)
+  s = setup.build(cfg)
   from encoder_jax.train.optim import learning_rate_schedule
   updates = learning_rate_schedule(s.optim_cfg)
   for call in range(16):
@@ -236,7 +236,7 @@ def test_stage_prints_progress_while_it_lasts(capsys):
 @pytest.mark.parametrize("masking", ["dynamic", "static"])
 def test_steps_compiled_ahead_take_what_the_loop_passes(env, tmp_path, monkeypatch, masking):
   """The train and eval steps start compiling before the data and the state exist, from
-  abstract shapes (loop.abstract_batch, the state's shardings); the loop's real batches and
+  abstract shapes (setup.abstract_batch, the state's shardings); the loop's real batches and
   state must then be exactly what was compiled for. A mismatch (a batch key, dtype, shape or
   sharding that batch_spec gets wrong; static masking adds example_id / epoch) would only
   cost a second compile and a warning, so the test reads `fell_back` instead."""
@@ -265,3 +265,27 @@ def test_precompiled_falls_back_to_jit_for_other_arguments_and_passes_wrappers_t
   wrapper = lambda x: f(x)  # noqa: E731  (a test's wrapper: cannot be lowered)
   assert parts.Precompiled.of(wrapper, jax.ShapeDtypeStruct((3,), jnp.float32),
                               name="w") is wrapper
+
+
+def test_the_loop_reads_only_the_frozen_setup(env, tmp_path, monkeypatch):
+  """train_and_evaluate reads the ConfigDict once, through setup.build: a config changed right
+  after that (every value the loop or recovery could read, made unusable) runs exactly as
+  built, and the workdir records the config as it was built."""
+  config = tiny_config(env, steps=3, log_every=1, eval_every=3, checkpoint_every=3)
+  real = setup.build
+
+  def build_then_poison(cfg, *a, **k):
+    s = real(cfg, *a, **k)
+    cfg.train.update(dict(steps=-7, eval_steps=-1, log_every=-1, keep=0, resume_step=99))
+    cfg.data.update(dict(source="files:/nonexistent/*.txt", batch_size=3, max_length=999,
+                         vocab="/nonexistent/vocab.txt"))
+    cfg.optim.learning_rate = float("nan")
+    cfg.mesh = "bad,mesh"
+    cfg.init_from = "/nonexistent"
+    return s
+
+  monkeypatch.setattr(setup, "build", build_then_poison)
+  summary = loop.train_and_evaluate(config, str(tmp_path / "run"))
+  assert summary["steps"] == 3 and np.isfinite(summary["final_eval_loss"])
+  recorded = json.loads((tmp_path / "run" / setup.CONFIG_FILE).read_text())
+  assert recorded["train"]["steps"] == 3 and recorded["data"]["batch_size"] == 4

@@ -160,7 +160,7 @@ class FakeIterator:
 
 def test_restore_or_init_fresh_resumed_and_branched():
   said, it = [], FakeIterator()
-  train = types.SimpleNamespace(get=lambda k, d=None: d)
+  train = types.SimpleNamespace(resume_step=0, skip_batches=0)  # (setup.TrainSettings' fields)
   begin = recovery.restore_or_init(FakeRestoreCkpt(None), train, None, lambda: "fresh", it,
                                    said.append)
   assert (begin.state, begin.step, begin.branch, begin.meta) == ("fresh", 0, None, {})
@@ -171,7 +171,7 @@ def test_restore_or_init_fresh_resumed_and_branched():
   assert begin.step == 8 and begin.branch == meta["branch"] and begin.meta is meta
   assert it.state == {"step": 7}  # the iterator resumes where the checkpoint left it
   # train.resume_step=8 with skip_batches=5 starts a new branch: 5 batches are skipped
-  branch = types.SimpleNamespace(get={"resume_step": 8, "skip_batches": 5}.get)
+  branch = types.SimpleNamespace(resume_step=8, skip_batches=5)
   begin = recovery.restore_or_init(FakeRestoreCkpt(8), branch, None, None, it, said.append)
   assert begin.branch == {"from": 8, "skip": 5} and it.state == {"step": 12}
   assert said[-1] == "skipping 5 batches after step 8 (train.skip_batches)"
@@ -208,7 +208,7 @@ def test_profiler_traces_the_chosen_steps_once(tmp_path):
 
 def test_a_run_builds_its_tokenizer_once_and_the_loader_exposes_it(env, monkeypatch, tmp_path):
   from encoder_jax.data import tokenizer
-  from encoder_jax.train import loop
+  from encoder_jax.train import setup
   import loop_helpers as H
   built = []
   real = tokenizer.WordPieceTokenizer.from_vocab.__func__
@@ -216,8 +216,8 @@ def test_a_run_builds_its_tokenizer_once_and_the_loader_exposes_it(env, monkeypa
   monkeypatch.setattr(tokenizer.WordPieceTokenizer, "from_vocab", classmethod(
       lambda cls, path, lowercase=True: built.append(path) or real(cls, path, lowercase)))
   config = H.tiny_config(env)
-  s = loop.build(config)
-  train, ev = loop.make_loader(config, "train"), loop.make_loader(config, "train")
+  s = setup.build(config)
+  train, ev = setup.make_loader(config, "train"), setup.make_loader(config, "train")
   assert len(built) == 1 and train.tokenizer is ev.tokenizer
   assert s.obj.vocab_size == train.tokenizer.vocab_size
   assert s.obj.mask_id == train.tokenizer.mask_id

@@ -23,7 +23,7 @@ import jax
 import numpy as np
 import pytest
 
-from encoder_jax.train import checkpoint, loop, sharding
+from encoder_jax.train import checkpoint, loop, setup, sharding
 from loop_helpers import CONFIG_FILE, ROOT, eval_rows, tiny_config, train_rows
 from multihost_helpers import free_port
 
@@ -143,7 +143,7 @@ def _steps(workdir):
 
 def _restore_params(config, workdir, step):
   """The parameters of checkpoint `step`, restored in this process (8 devices) onto MESH."""
-  s = loop.build(config)
+  s = setup.build(config)
   abstract, _ = loop.sharded_abstract_state(s.init_fn, sharding.mesh_from_config(MESH))
   ckpt = checkpoint.Checkpointer(epath.Path(workdir) / "checkpoints", async_save=False)
   try:
@@ -194,7 +194,7 @@ def test_two_processes_killed_preempted_and_resumed_equal_one_straight_run(tmp_p
                        steps=STEPS, log_every=LOG_EVERY, eval_every=EVAL_EVERY, eval_steps=1,
                        checkpoint_every=SAVE_EVERY, keep=2)
   config.mesh = MESH
-  config.data.update(dict(batch_size=8, sharded=True, build_workers=0, shard_docs=4))
+  config.data.update(dict(batch_size=8, build_workers=0, shard_docs=4))
   config.optim.total_steps = STEPS
   (base / "config.json").write_text(config.to_json())
   cfg_py = base / "config.py"

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from encoder_jax.train import loop
+from encoder_jax.train import setup
 from encoder_jax.train import step as step_lib
 from encoder_jax.objectives import pretraining
 
@@ -58,7 +58,7 @@ def objective_for(arg: str, **changes) -> step_lib.ObjectiveConfig:
   config = pretrain.get_config(arg)
   config.data.max_length = T
   config.objective.update(changes)
-  return loop.objective_config(config, TOK)
+  return setup.objective_config(config, TOK)
 
 
 def python_count(num_maskable: int, rate: float, max_predictions: int) -> int:
