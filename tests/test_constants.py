@@ -5,6 +5,9 @@ the definition under test: changing a definition, or a consumer that stops using
 formula, a hard-coded peak), fails here.
 """
 import argparse
+import pathlib
+import subprocess
+import sys
 import types
 
 import pytest
@@ -14,7 +17,9 @@ from configs import pretrain
 from encoder_jax.model.config import BERT_VOCAB_SIZE, ModelConfig
 from encoder_jax.objectives import masking, pretraining
 from encoder_jax.train import flops, setup
-from experiments import grids, run
+from experiments import grids
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # Devlin et al. 2019: the uncased WordPiece vocabulary of the released BERT checkpoints
 # (uncased_L-12_H-768_A-12/vocab.txt has 30,522 lines).
@@ -115,6 +120,13 @@ def test_experiment_plans_use_the_peak_table():
   train_s = 1000.0
   grid = _points(train_s * grids.GPU_MFU * H100_H200_SXM)
   assert grids.gpu_seconds(grid) == pytest.approx(train_s + grids.GPU_POINT_S)
-  # v4-32: 16 chips of 275 TFLOP/s at MFU 0.5 for two hours
-  lines = run.plan_lines(_points(2 * 3600 * 16 * TPU_V4_CHIP * 0.5), "v4-32", 0.5)
-  assert lines[-1].split("|")[5].strip() == "2.0 h"
+  # v4-32: 16 chips of 275 TFLOP/s at MFU 0.5 for two hours. experiments.run defines absl
+  # flags (--workdir ...) that other modules of the suite define too: checked in a child.
+  code = ("import types; from experiments import run; "
+          "p = types.SimpleNamespace(name='p', steps=1, flops_per_step={f!r}, "
+          "total_flops={f!r}, finetune=()); "
+          "print(run.plan_lines(types.SimpleNamespace(points=[p]), 'v4-32', 0.5)[-1])"
+          ).format(f=2 * 3600 * 16 * TPU_V4_CHIP * 0.5)
+  out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       check=True).stdout.strip().splitlines()[-1]
+  assert out.split("|")[5].strip() == "2.0 h", out

@@ -52,8 +52,11 @@ def test_finetune_reuses_the_training_machinery():
   trainer = "finetune/trainer.py"
   assert (trainer, "train") in used
   text = (PACKAGE / trainer).read_text()
-  for name in ("sharding", "TrainState", "build_optimizer"):
+  for name in ("sharding", "step", "build_optimizer"):
     assert re.search(rf"from encoder_jax\.train(\.\w+)? import .*\b{name}\b", text), name
+  # the state and the step come from train/step.py (the step body itself: tests/finetune/
+  # test_one_step.py records the maker's calls)
+  assert "step_lib.TrainState(" in text and "step_lib.make_step(" in text
   for f in (PACKAGE / "finetune").glob("*.py"):
     src = f.read_text()
     assert not re.search(r"^(class TrainState|def (state_shardings|batch_sharding|make_mesh|"

@@ -354,8 +354,9 @@ def build_source(part: str, vocab_path: str, example: examples.ExampleConfig, ou
     # (a daemonic process, e.g. a benchmark's worker, may not start children)
     logging.info("building %s in this process: a daemonic process cannot start workers", part)
     workers = 0
-  pool = (multiprocessing.get_context("spawn").Pool(workers, initializer=_init_worker)
-          if workers > 0 else None)
+  # The pool starts with the third shard: a source of one or two shards (the demo, a grid's
+  # small parts) builds here, without paying for worker processes that import the package.
+  pool, deferred = None, []
 
   def submit(split, docs):
     name = f"{split}-{n_shards[split]:05d}"
@@ -363,9 +364,17 @@ def build_source(part: str, vocab_path: str, example: examples.ExampleConfig, ou
                       tuple(docs), vocab_path, lowercase, example,
                       os.path.join(token_dir, f"{name}.npz") if token_dir else None)
     n_shards[split] += 1
-    if pool is None:
+    nonlocal pool
+    if workers == 0:
       done.append(build_shard(task))
       return
+    if pool is None and len(deferred) < 2:
+      deferred.append(task)
+      return
+    if pool is None:
+      pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_init_worker)
+      pending.extend(pool.apply_async(build_shard, (t,)) for t in deferred)
+      deferred.clear()
     pending.append(pool.apply_async(build_shard, (task,)))
     while len(pending) > 2 * workers:
       done.append(pending.popleft().get())
@@ -386,6 +395,7 @@ def build_source(part: str, vocab_path: str, example: examples.ExampleConfig, ou
         submit(split, b[len(b) // 2:])
       elif b:
         submit(split, b)
+    done.extend(build_shard(t) for t in deferred)
     while pending:
       done.append(pending.popleft().get())
   finally:
@@ -421,7 +431,8 @@ def build_source(part: str, vocab_path: str, example: examples.ExampleConfig, ou
            # tokens_per_s: wall clock; tokens_per_cpu_s: per CPU second a worker got, which
            # other jobs on a shared machine do not lower. main_cpu_seconds: the reading and
            # dispatching process (with workers=0, all of the build); pid: that process's.
-           "build": {"pid": os.getpid(), "workers": workers, "seconds": seconds,
+           "build": {"pid": os.getpid(), "workers": workers,
+                     "worker_processes_started": pool is not None, "seconds": seconds,
                      "tokens": tokens,
                      "shards_from_token_cache": sum(d["from_token_cache"] for d in done),
                      "tokens_per_s": tokens / seconds,
@@ -565,3 +576,16 @@ class ShardedRows:
     s, j = self.locate(i)
     data = self._records[int(self.row_start_S[s]) + j]
     return decode_row(data, self.max_length, self.pad_id, self.with_label)
+
+  def real_ids(self, indices: np.ndarray) -> np.ndarray:
+    """The real token ids of rows `indices` (= rows[i]["input_ids"][rows[i]["mask"]] for each,
+    concatenated), read in one batch without decoding the rest of the records: what unigram
+    counting needs."""
+    indices = np.asarray(indices, np.int64)
+    s = np.searchsorted(self.take_start_S1, indices, side="right") - 1
+    j = (indices - self.take_start_S1[s]) % self.rows_S[s]
+    out = []
+    for data in self._records.__getitems__((self.row_start_S[s] + j).tolist()):
+      n, _, _, width = (int(x) for x in np.frombuffer(data, np.int32, _HEADER))
+      out.append(np.frombuffer(data, np.uint16 if width == 2 else np.int32, n, 4 * _HEADER))
+    return np.concatenate(out) if out else np.zeros(0, np.int32)

@@ -49,6 +49,10 @@ def row_counts(rows, vocab_size: int, max_tokens: int | None = 50_000_000) -> np
     order = np.arange(n)
 
   def real_ids():
+    if hasattr(rows, "real_ids"):  # shards.ShardedRows: ids alone, read in batches of rows
+      for start in range(0, len(order), 4096):
+        yield rows.real_ids(order[start:start + 4096])
+      return
     for i in order:
       row = rows[int(i)]
       yield row["input_ids"][row["mask"]]

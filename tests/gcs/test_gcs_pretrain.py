@@ -65,8 +65,8 @@ def test_a_run_on_a_bucket_writes_its_files_there(env, straight):
   assert any(p.name.startswith("events.out") for p in (wd / "tensorboard").iterdir())
   for step in (N, 2 * N):
     assert checkpoint.verify(wd / "checkpoints" / str(step)) is None
-  # The tokenized corpus was built once and published to the bucket's data_dir.
-  infos = list(epath.Path(env["data_dir"]).glob("pretrain_corpus/*/*/dataset_info.json"))
+  # The row shards were built once and published to the bucket's data_dir, index last.
+  infos = list(epath.Path(env["data_dir"]).glob("pretrain_shards/*/index.json"))
   assert len(infos) == 1, infos
   assert not (ROOT / "gs:").exists() and not pathlib.Path("gs:").exists()  # no local "gs:/"
 

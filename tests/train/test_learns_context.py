@@ -9,7 +9,9 @@ the held-out loss to end `MARGIN` nats below that baseline, scored by the traine
 the evaluated positions. Calibration (2-core CPU, 65-100 s a run alone): 0.12 nats at 400 steps,
 0.25 at 800, 0.37 at 1,000, 0.70 at 1,200 (0.71 with fp32 matmuls, as on a CPU without bf16
 instructions), 0.99 at 1,500 (the model leaves the plateau steeply past ~1,000 steps); with
-attention broken 0.008 at 1,000 and 0.01 at 1,500. The same run with attention broken (every
+attention broken 0.008 at 1,000 and 0.01 at 1,500. On the row shards (another draw of the same
+text's rows, 2026-12-04): 0.521 nats at 1,200, accuracy at [MASK] inputs 7.4% vs the unigram
+argmax's 3.0%; attention broken 0.005 nats, 3.0% vs 3.0%. The same run with attention broken (every
 key masked: no token sees any other) must fail the same check, so the check measures context
 and nothing else.
 
@@ -28,7 +30,7 @@ from configs import pretrain  # noqa: E402
 from encoder_jax.model import encoder as encoder_lib  # noqa: E402
 from encoder_jax.train import loop  # noqa: E402
 
-MARGIN = 0.3  # nats below the unigram baseline after STEPS steps (measured: 0.70)
+MARGIN = 0.3  # nats below the unigram baseline after STEPS steps (measured: 0.52)
 STEPS = 1200
 DATA = dict(max_length=64, batch_size=32)
 MODEL = dict(hidden_size=64, ffn_size=256, num_heads=4)
@@ -59,7 +61,9 @@ def test_pretraining_beats_the_unigram_baseline(sotu_corpus):
   assert gap > MARGIN, (f"held-out MLM loss at [MASK] inputs {ev['mlm_at_mask_loss']:.3f} is "
                         f"only {gap:.3f} nats below the unigram baseline "
                         f"{ev['unigram_at_mask_loss']:.3f}: the trainer did not learn context")
-  assert ev["mlm_at_mask_accuracy"] > ev["unigram_at_mask_accuracy"] + 0.05
+  # Accuracy at [MASK] inputs at least twice the unigram argmax's (measured 7.4% vs 3.0% on the
+  # row shards, 2026-12-04); a model at the plateau scores about the unigram's.
+  assert ev["mlm_at_mask_accuracy"] > 2 * ev["unigram_at_mask_accuracy"]
 
 
 def test_broken_attention_stays_on_the_plateau(sotu_corpus, monkeypatch):
@@ -70,5 +74,7 @@ def test_broken_attention_stays_on_the_plateau(sotu_corpus, monkeypatch):
   ev = run(sotu_corpus, "broken")
   gap = ev["unigram_at_mask_loss"] - ev["mlm_at_mask_loss"]
   print(f"\nattention broken: {gap:.3f} nats below the unigram baseline (must be < "
-        f"{MARGIN / 4})")
+        f"{MARGIN / 4}); accuracy {ev['mlm_at_mask_accuracy']:.4f} vs unigram "
+        f"{ev['unigram_at_mask_accuracy']:.4f}")
   assert gap < MARGIN / 4, f"blind model {gap:.3f} nats below the unigram baseline"
+  assert ev["mlm_at_mask_accuracy"] < 2 * ev["unigram_at_mask_accuracy"]
