@@ -564,26 +564,29 @@ class ShardedRows:
   def __len__(self) -> int:
     return int(self.take_start_S1[-1])
 
+  def locate_many(self, indices) -> tuple[np.ndarray, np.ndarray]:
+    """Indices -> (source of each, row of that source), vectorized."""
+    indices = np.asarray(indices, np.int64)
+    if indices.size and not (0 <= indices.min() and indices.max() < len(self)):
+      raise IndexError(f"rows {indices.min()}..{indices.max()} out of range [0, {len(self)})")
+    s = np.searchsorted(self.take_start_S1, indices, side="right") - 1
+    return s, (indices - self.take_start_S1[s]) % self.rows_S[s]
+
   def locate(self, i: int) -> tuple[int, int]:
     """Index -> (source, row of that source)."""
-    i = int(i)
-    if not 0 <= i < len(self):
-      raise IndexError(f"row {i} out of range [0, {len(self)})")
-    s = int(np.searchsorted(self.take_start_S1, i, side="right")) - 1
-    return s, int((i - self.take_start_S1[s]) % self.rows_S[s])
+    s, j = self.locate_many([i])
+    return int(s[0]), int(j[0])
 
   def __getitem__(self, i: int) -> dict[str, np.ndarray]:
     s, j = self.locate(i)
     data = self._records[int(self.row_start_S[s]) + j]
     return decode_row(data, self.max_length, self.pad_id, self.with_label)
 
-  def real_ids(self, indices: np.ndarray) -> np.ndarray:
+  def real_ids(self, indices) -> np.ndarray:
     """The real token ids of rows `indices` (= rows[i]["input_ids"][rows[i]["mask"]] for each,
     concatenated), read in one batch without decoding the rest of the records: what unigram
     counting needs."""
-    indices = np.asarray(indices, np.int64)
-    s = np.searchsorted(self.take_start_S1, indices, side="right") - 1
-    j = (indices - self.take_start_S1[s]) % self.rows_S[s]
+    s, j = self.locate_many(indices)
     out = []
     for data in self._records.__getitems__((self.row_start_S[s] + j).tolist()):
       n, _, _, width = (int(x) for x in np.frombuffer(data, np.int32, _HEADER))

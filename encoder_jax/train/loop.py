@@ -167,11 +167,12 @@ def sharded_abstract_state(init_fn, mesh) -> tuple[Any, Any]:
                       abstract, shardings), shardings
 
 
-def unigram_baseline(s: setup.Setup) -> tuple[jax.Array, float]:
-  """(log-probabilities over the vocab, entropy) of the training split's unigram distribution:
-  the context-free baseline every evaluation is compared with."""
+def unigram_baseline(s: setup.Setup, train_rows) -> tuple[jax.Array, float]:
+  """(log-probabilities over the vocab, entropy) of the training rows' unigram distribution
+  (`train_rows`: the train loader's, already open): the context-free baseline every evaluation
+  is compared with."""
   with Stage("counting the corpus's unigram frequencies"):
-    counts = setup.train_unigram_counts(s.data, s.obj.vocab_size)
+    counts = unigram.row_counts(train_rows, s.obj.vocab_size)
   return (jax.numpy.asarray(unigram.unigram_log_probs(counts, s.obj.special_ids)),
           unigram.unigram_entropy(counts, s.obj.special_ids))
 
@@ -212,10 +213,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   abstract, state_shardings = sharded_abstract_state(s.init_fn, mesh)
   steps = _Steps(s, mesh, abstract, state_shardings)
   with Stage(f"preparing the corpus ({s.data.source})"):
-    train_it = iter(setup.make_loader(s.data, "train"))
+    train_loader = setup.make_loader(s.data, "train")
+    train_it = iter(train_loader)
     eval_loader = (setup.make_loader(s.data, s.data.eval_split) if t.eval_steps > 0
                    else None)
-  baseline = unigram_baseline(s) if eval_loader is not None else (None, None)
+  baseline = (unigram_baseline(s, train_loader.rows) if eval_loader is not None
+              else (None, None))
   if eval_loader is not None:
     steps.start_eval(baseline[0])
   ckpt = Checkpointer(workdir / "checkpoints", keep=t.keep)
