@@ -91,12 +91,15 @@ def train_loss(tr: Trainer, params, step: jax.Array, batch
 
 def make_step(loss_fn: Callable, tx: optax.GradientTransformation, schedule, *,
               state_shardings=None, batch_shardings=None, extra_shardings=(),
-              frozen: Callable[[Any], bool] | None = None):
+              frozen: Callable[[Any], bool] | None = None,
+              grad_metrics: Callable[[Any], dict[str, jax.Array]] | None = None):
   """jit(state, batch, *extra) -> (state, metrics) of `loss_fn(params, step, batch, *extra) ->
   (loss, metrics)`, donating the old state; metrics gain the loss, "grad_norm" and the learning
   rate. Leaves whose path `frozen` marks get no gradient (XLA drops their backward pass) and
   come back unchanged (a zero update could still turn -0.0 into +0.0). With shardings, it traces
-  under their abstract mesh: activations keep the batch split (model/activation_sharding.py)."""
+  under their abstract mesh: activations keep the batch split (model/activation_sharding.py).
+  `grad_metrics(grads) -> dict` adds metrics computed from this step's gradients (before
+  clipping), e.g. per-layer norms (experiments/layer_grads.py)."""
   mesh = next((s.mesh for s in jax.tree.leaves(state_shardings) if hasattr(s, "mesh")), None)
   keep_frozen = lambda new, old: jax.tree_util.tree_map_with_path(
       lambda path, n, o: o if frozen(path) else n, new, old)
@@ -112,7 +115,8 @@ def make_step(loss_fn: Callable, tx: optax.GradientTransformation, schedule, *,
     if frozen is not None:
       params = keep_frozen(params, state.params)
     metrics = {"loss": loss, **metrics, "grad_norm": optax.tree.norm(grads),
-               "learning_rate": jnp.asarray(schedule(state.step), jnp.float32)}
+               "learning_rate": jnp.asarray(schedule(state.step), jnp.float32),
+               **(grad_metrics(grads) if grad_metrics is not None else {})}
     return TrainState(state.step + 1, params, opt_state), metrics
 
   kw = {} if mesh is None else dict(

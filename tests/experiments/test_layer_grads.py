@@ -1,0 +1,40 @@
+"""experiments/layer_grads.py: per-layer gradient norms through the trainer's one step."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from encoder_jax.train import step as step_lib
+from experiments import layer_grads
+
+
+def test_per_layer_norms_take_the_norm_of_each_layer_of_the_stacked_parameters():
+  rng = np.random.default_rng(0)
+  kernel = rng.normal(size=(3, 8, 4)).astype(np.float32)  # (layers, in, out)
+  bias = rng.normal(size=(3, 4)).astype(np.float32)
+  other = rng.normal(size=(3, 5)).astype(np.float32)
+  grads = {"bert": {"encoder": {"blocks": {"ffn_out": {"kernel": kernel, "bias": bias},
+                                           "ln_ffn": {"scale": other}}}},
+           "mlm": {"bias": np.ones(7, np.float32)}}
+  m = jax.jit(layer_grads.per_layer_norms)(grads)
+  want_w2 = [np.linalg.norm(kernel[i]) for i in range(3)]
+  want_layer = [np.sqrt(np.sum(kernel[i] ** 2) + np.sum(bias[i] ** 2) + np.sum(other[i] ** 2))
+                for i in range(3)]
+  np.testing.assert_allclose(m["w2_grad_norm"], want_w2, rtol=1e-6)
+  np.testing.assert_allclose(m["layer_grad_norm"], want_layer, rtol=1e-6)
+  assert layer_grads.ratio(np.array(want_w2)) == want_w2[-1] / want_w2[0]
+
+
+def test_make_step_reports_grad_metrics_of_the_unclipped_gradient():
+  """grad_metrics sees the gradient the loss gives, before the optimizer clips it."""
+  tx = optax.chain(optax.clip_by_global_norm(1e-3), optax.sgd(1.0))
+  params = {"w": jnp.array([3.0, 4.0])}
+  state = step_lib.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+  loss = lambda p, step, batch: (jnp.sum(p["w"] * batch), {})  # gradient = batch
+  f = step_lib.make_step(loss, tx, lambda s: 1.0,
+                         grad_metrics=lambda g: {"g": g["w"], "n": jnp.linalg.norm(g["w"])})
+  new, m = f(state, jnp.array([30.0, 40.0]))
+  np.testing.assert_allclose(m["g"], [30.0, 40.0])
+  assert float(m["n"]) == 50.0 == float(m["grad_norm"])
+  # ... while the update is the clipped one: 1e-3 of the unit direction
+  np.testing.assert_allclose(new.params["w"], [3.0 - 0.6e-3, 4.0 - 0.8e-3], rtol=1e-6)
