@@ -54,6 +54,9 @@ _SCHEDULE = flags.DEFINE_integer("schedule_steps", 2000, "Length of the linear-d
 _RECORD_AT = flags.DEFINE_list("record_at", ["0", "10", "50", "100", "200"],
                                "Steps (0 = the gradient at initialisation) at which per-layer "
                                "norms are kept; those past --steps are ignored.")
+_INIT = flags.DEFINE_float("initializer_range", 0.02, "Std of the truncated-normal init of every "
+                           "weight (BERT: 0.02; Xavier's sqrt(2 / (d + 4d)) for the FFN at "
+                           "width 64 is ~0.079, the scale of Xiong et al.'s analysis).")
 _OUT = flags.DEFINE_string("out", "experiments/results/layer_grads", "Report directory.")
 
 
@@ -74,11 +77,12 @@ def per_layer_norms(grads) -> dict:
 
 
 def point_config(depth: int, norm: str, seed: int, width: int, lr: float, warmup: int,
-                 schedule_steps: int):
+                 schedule_steps: int, initializer_range: float = 0.02):
   from configs import pretrain
   config = pretrain.get_config(f"runlocal,norm={norm}")
   config.model.update(dict(num_layers=depth, hidden_size=width, ffn_size=4 * width,
-                           num_heads=max(1, width // 16), scan_layers="True"))
+                           num_heads=max(1, width // 16), scan_layers="True",
+                           initializer_range=initializer_range))
   config.optim.update(dict(learning_rate=lr, warmup_steps=warmup,
                            total_steps=max(schedule_steps, 1)))
   config.train.update(dict(steps=max(schedule_steps, 1)))
@@ -91,7 +95,7 @@ def run_point(depth: int, norm: str, seed: int, steps: int, record_at: set[int])
   from encoder_jax.train import setup as setup_lib
   from encoder_jax.train import step as step_lib
   config = point_config(depth, norm, seed, _WIDTH.value, _LR.value, _WARMUP.value,
-                        _SCHEDULE.value)
+                        _SCHEDULE.value, _INIT.value)
   s = setup_lib.build(config)
   tr = s.trainer
   step_fn = step_lib.make_step(lambda p, st, b: step_lib.train_loss(tr, p, st, b), tr.tx,
@@ -138,8 +142,9 @@ def write_report(out: pathlib.Path, results: dict, steps: int) -> None:
   depths = sorted({k[0] for k in results})
   norms = [n for n in ("post", "pre") if any(k[1] == n for k in results)]
   last = max((s for r in results.values() for s in r["layers"]), default=0)
-  lines = [f"### Per-layer gradient norms, post-LN vs pre-LN (width {_WIDTH.value}, lr "
-           f"{_LR.value:g}, warm-up {_WARMUP.value} steps, {steps} steps)", "",
+  lines = [f"### Per-layer gradient norms, post-LN vs pre-LN (width {_WIDTH.value}, init std "
+           f"{_INIT.value:g}, lr {_LR.value:g}, warm-up {_WARMUP.value} steps, {steps} steps)",
+           "",
            "W2 = each layer's FFN output kernel (Xiong et al. 2020, Figure 3). Ratio: the top "
            "layer's W2 gradient norm over the bottom layer's; median [min, max] over seeds.", "",
            "| depth | norm | seeds | top/bottom W2 at init | W2 norm at init (bottom, top) | "
@@ -220,7 +225,7 @@ def main(argv):
          "command": shlex.join(["python", "-m", "experiments.layer_grads", *sys.argv[1:]]),
          "flags": {f: flags.FLAGS[f].value for f in ("depths", "norms", "seeds", "width", "steps",
                                                      "lr", "warmup", "schedule_steps",
-                                                     "record_at")},
+                                                     "record_at", "initializer_range")},
          "git": provenance.git_state(), "host": provenance.host(),
          "packages": provenance.package_versions(), "minutes": (time.time() - t0) / 60,
          "cwd": os.getcwd()}

@@ -1,6 +1,8 @@
 """The trainer tests' shared corpus and compilation cache (tests/loop_helpers.py)."""
 import functools
 
+import filelock
+
 import jax
 import pytest
 
@@ -24,14 +26,25 @@ def env(loop_base):
 
 
 @pytest.fixture(scope="session")
-def sotu_corpus(tmp_path_factory):
+def sotu_corpus(tmp_path_factory, worker_id):
   """The State-of-the-Union part of the demo corpus with a 256-token WordPiece vocab trained
   on it: a small real text on which local context pays off within a few hundred steps (the
-  learnability tests' data)."""
-  base = tmp_path_factory.mktemp("sotu")
+  learnability tests' data). One folder for all xdist workers (the recipe of pytest-xdist's
+  docs: the parent of the workers' base temp dirs): the vocab is trained once, under a lock,
+  and the shards built once (the shard builder's own lock makes a second worker wait for the
+  first and reuse its shards; 10.6 MB of text to tokenize)."""
+  root = tmp_path_factory.getbasetemp()
+  if worker_id != "master":
+    root = root.parent
+  base = root / "sotu"
   part = "sotu"
-  docs = sources.demo_documents(split="train", parts=(part,))
-  vocab = tokenizer.train_vocab([" ".join(d.sentences) for d in docs], 256, base / "vocab.txt")
+  with filelock.FileLock(str(root / "sotu.lock")):
+    base.mkdir(exist_ok=True)
+    if not (base / "vocab.txt").exists():
+      docs = sources.demo_documents(split="train", parts=(part,))
+      tokenizer.train_vocab([" ".join(d.sentences) for d in docs], 256, base / "vocab.tmp")
+      (base / "vocab.tmp").rename(base / "vocab.txt")
+  vocab = tokenizer.WordPieceTokenizer.load(str(base / "vocab.txt"))
   return {"base": base, "vocab": str(base / "vocab.txt"), "vocab_size": vocab.vocab_size,
           "source": f"demo:{part}"}
 

@@ -111,7 +111,7 @@ def test_phase_2_config_is_berts_seq_512_phase_and_needs_a_phase_1_run():
 
 @pytest.mark.slow
 def test_continued_pretraining_of_minilm_starts_far_below_a_random_init(env, tmp_path):
-  """all-MiniLM-L6-v2's encoder on real text (the demo corpus's State-of-the-Union part), at
+  """all-MiniLM-L6-v2's encoder on real text (the demo corpus's Moby-Dick part), at
   BERT's learning rate (1e-4): after STEPS steps its held-out MLM loss is far below a random
   encoder's of the same shape after as many steps (see MIN_GAP). Its MLM head starts fresh (the
   model ships without one), tied to the loaded token embedding; at a high learning rate (3e-3)
@@ -126,16 +126,19 @@ def test_continued_pretraining_of_minilm_starts_far_below_a_random_init(env, tmp
     config = H.tiny_config(env, steps=STEPS, log_every=STEPS, eval_every=STEPS, eval_steps=2)
     config.optim.update(dict(learning_rate=1e-4, warmup_steps=2, total_steps=STEPS))
     config.model.update(dict(shape, norm_first=False, scan_layers="True"))
-    config.data.update(dict(source="demo:sotu", max_length=64, batch_size=8,
+    config.data.update(dict(source="demo:moby_dick", max_length=64, batch_size=8,
                             eval_split="validation"))
     config.init_from = init
     summary = pretrain(config, str(tmp_path / (init or "random")))
     losses[init or "random"] = summary["final_eval"]["mlm_loss"]
+  print(f"\nheld-out MLM loss after {STEPS} steps: all-MiniLM-L6-v2 {losses['minilm']:.2f}, "
+        f"random init {losses['random']:.2f} (min gap {MIN_GAP})")
   assert losses["minilm"] < losses["random"] - MIN_GAP, losses
 
 
 STEPS = 10
-MIN_GAP = 1.2  # nats (measured after 10 steps: 7.59 vs 9.91 = 2.32; after 20: 7.19 vs 9.69)
+MIN_GAP = 1.2  # nats (measured after 10 steps on Moby-Dick: 7.89 vs 10.08 = 2.19; on the State-of-
+# the-Union part, 9x the text to tokenize: 7.74 vs 9.91)
 
 
 def test_state_params_are_an_nnx_state():
