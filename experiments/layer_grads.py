@@ -28,6 +28,7 @@ provenance.json (the commit, command, flags, host and package versions).
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -41,23 +42,54 @@ import numpy as np
 
 from experiments import provenance
 
-_DEPTHS = flags.DEFINE_list("depths", ["6", "12", "24"], "Numbers of layers.")
-_NORMS = flags.DEFINE_list("norms", ["post", "pre"], "Layer-norm placements (post, pre).")
-_SEEDS = flags.DEFINE_list("seeds", ["0", "1"], "Initialisation and data-order seeds.")
-_WIDTH = flags.DEFINE_integer("width", 64, "Hidden size; the FFN is 4x, heads of 16.")
-_STEPS = flags.DEFINE_integer("steps", 200, "Training steps per point (0: initialisation only).")
-_LR = flags.DEFINE_float("lr", 1e-3, "Peak learning rate (AdamW, b2 0.98 as in runlocal).")
-_WARMUP = flags.DEFINE_integer("warmup", 0, "Linear warm-up steps (0: none, the post-LN "
-                               "failure case).")
-_SCHEDULE = flags.DEFINE_integer("schedule_steps", 2000, "Length of the linear-decay schedule "
-                                 "the --steps are the start of (the norm grid's 2,000).")
-_RECORD_AT = flags.DEFINE_list("record_at", ["0", "10", "50", "100", "200"],
-                               "Steps (0 = the gradient at initialisation) at which per-layer "
-                               "norms are kept; those past --steps are ignored.")
-_INIT = flags.DEFINE_float("initializer_range", 0.02, "Std of the truncated-normal init of every "
-                           "weight (BERT: 0.02; Xavier's sqrt(2 / (d + 4d)) for the FFN at "
-                           "width 64 is ~0.079, the scale of Xiong et al.'s analysis).")
-_OUT = flags.DEFINE_string("out", "experiments/results/layer_grads", "Report directory.")
+# Flags are defined by `define_flags`, called only when this module is the program: the tests
+# import it beside other absl programs whose flags (--steps, --out, --seeds) would collide.
+FLAG_NAMES = ("depths", "norms", "seeds", "width", "steps", "lr", "warmup", "schedule_steps",
+              "record_at", "initializer_range", "out")
+
+
+def define_flags() -> None:
+  flags.DEFINE_list("depths", ["6", "12", "24"], "Numbers of layers.")
+  flags.DEFINE_list("norms", ["post", "pre"], "Layer-norm placements (post, pre).")
+  flags.DEFINE_list("seeds", ["0", "1"], "Initialisation and data-order seeds.")
+  flags.DEFINE_integer("width", 64, "Hidden size; the FFN is 4x, heads of 16.")
+  flags.DEFINE_integer("steps", 200, "Training steps per point (0: initialisation only).")
+  flags.DEFINE_float("lr", 1e-3, "Peak learning rate (AdamW, b2 0.98 as in runlocal).")
+  flags.DEFINE_integer("warmup", 0, "Linear warm-up steps (0: none, the post-LN failure case).")
+  flags.DEFINE_integer("schedule_steps", 2000, "Length of the linear-decay schedule the --steps "
+                       "are the start of (the norm grid's 2,000).")
+  flags.DEFINE_list("record_at", ["0", "10", "50", "100", "200"], "Steps (0 = the gradient at "
+                    "initialisation) at which per-layer norms are kept; those past --steps are "
+                    "ignored.")
+  flags.DEFINE_float("initializer_range", 0.02, "Std of the truncated-normal init of every "
+                     "weight (BERT: 0.02; Xavier's sqrt(2 / (d + 4d)) for the FFN at width 64 "
+                     "is ~0.079, the scale of Xiong et al.'s analysis).")
+  flags.DEFINE_string("out", "experiments/results/layer_grads", "Report directory.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """What one invocation sweeps and how each point trains (the flags' values)."""
+  depths: tuple[int, ...] = (6, 12, 24)
+  norms: tuple[str, ...] = ("post", "pre")
+  seeds: tuple[int, ...] = (0, 1)
+  width: int = 64
+  steps: int = 200
+  lr: float = 1e-3
+  warmup: int = 0
+  schedule_steps: int = 2000
+  record_at: tuple[int, ...] = (0, 10, 50, 100, 200)
+  initializer_range: float = 0.02
+
+  @classmethod
+  def from_flags(cls) -> "Settings":
+    f = flags.FLAGS
+    for n in f.norms:
+      if n not in ("post", "pre"):
+        raise app.UsageError(f"--norms: {n!r}; give post and/or pre.")
+    return cls(tuple(map(int, f.depths)), tuple(f.norms), tuple(map(int, f.seeds)), f.width,
+               f.steps, f.lr, f.warmup, f.schedule_steps, tuple(map(int, f.record_at)),
+               f.initializer_range)
 
 
 def per_layer_norms(grads) -> dict:
@@ -90,12 +122,15 @@ def point_config(depth: int, norm: str, seed: int, width: int, lr: float, warmup
   return config
 
 
-def run_point(depth: int, norm: str, seed: int, steps: int, record_at: set[int]) -> dict:
+def run_point(cfg: Settings, depth: int, norm: str, seed: int) -> dict:
+  """Trains one point cfg.steps steps (at least one: step 0's metrics are the gradient at
+  initialisation, computed before the update); per-layer norms at cfg.record_at."""
   import jax
   from encoder_jax.train import setup as setup_lib
   from encoder_jax.train import step as step_lib
-  config = point_config(depth, norm, seed, _WIDTH.value, _LR.value, _WARMUP.value,
-                        _SCHEDULE.value, _INIT.value)
+  config = point_config(depth, norm, seed, cfg.width, cfg.lr, cfg.warmup, cfg.schedule_steps,
+                        cfg.initializer_range)
+  steps, record_at = cfg.steps, set(cfg.record_at) | {0}
   s = setup_lib.build(config)
   tr = s.trainer
   step_fn = step_lib.make_step(lambda p, st, b: step_lib.train_loss(tr, p, st, b), tr.tx,
@@ -103,8 +138,6 @@ def run_point(depth: int, norm: str, seed: int, steps: int, record_at: set[int])
   state = jax.jit(s.init_fn)()
   it = iter(setup_lib.make_loader(s.data, "train"))
   layers, curve, status = {}, [], "done"
-  # One step more than asked when only the initial gradient is wanted: step 0's metrics are
-  # the gradient at initialisation (computed before the update).
   for i in range(max(steps, 1)):
     state, m = step_fn(state, next(it))
     m = jax.device_get(m)
@@ -123,7 +156,8 @@ def ratio(w2: np.ndarray) -> float:
   return float(w2[-1] / w2[0])
 
 
-def write_report(out: pathlib.Path, results: dict, steps: int) -> None:
+def write_report(out: pathlib.Path, results: dict, cfg: Settings) -> None:
+  steps = cfg.steps
   with open(out / "layers.csv", "w", newline="") as f:
     w = csv.writer(f)
     w.writerow(["depth", "norm", "seed", "step", "layer", "w2_grad_norm", "layer_grad_norm"])
@@ -142,8 +176,9 @@ def write_report(out: pathlib.Path, results: dict, steps: int) -> None:
   depths = sorted({k[0] for k in results})
   norms = [n for n in ("post", "pre") if any(k[1] == n for k in results)]
   last = max((s for r in results.values() for s in r["layers"]), default=0)
-  lines = [f"### Per-layer gradient norms, post-LN vs pre-LN (width {_WIDTH.value}, init std "
-           f"{_INIT.value:g}, lr {_LR.value:g}, warm-up {_WARMUP.value} steps, {steps} steps)",
+  lines = [f"### Per-layer gradient norms, post-LN vs pre-LN (width {cfg.width}, init std "
+           f"{cfg.initializer_range:g}, lr {cfg.lr:g}, warm-up {cfg.warmup} steps, {steps} "
+           "steps)",
            "",
            "W2 = each layer's FFN output kernel (Xiong et al. 2020, Figure 3). Ratio: the top "
            "layer's W2 gradient norm over the bottom layer's; median [min, max] over seeds.", "",
@@ -201,31 +236,24 @@ def plot(out: pathlib.Path, results: dict, depths, norms, last: int) -> None:
 
 def main(argv):
   del argv
-  steps = _STEPS.value
-  record_at = {int(s) for s in _RECORD_AT.value if int(s) < max(steps, 1)}
-  record_at.add(0)
-  out = pathlib.Path(_OUT.value)
+  cfg = Settings.from_flags()
+  out = pathlib.Path(flags.FLAGS.out)
   out.mkdir(parents=True, exist_ok=True)
   results, t0 = {}, time.time()
-  keys = [(int(d), n, int(s)) for d in _DEPTHS.value for n in _NORMS.value for s in _SEEDS.value]
-  for n in _NORMS.value:
-    if n not in ("post", "pre"):
-      raise app.UsageError(f"--norms: {n!r}; give post and/or pre.")
+  keys = [(d, n, s) for d in cfg.depths for n in cfg.norms for s in cfg.seeds]
   for i, (depth, norm, seed) in enumerate(keys):
     t = time.time()
-    r = run_point(depth, norm, seed, steps, record_at)
+    r = run_point(cfg, depth, norm, seed)
     results[(depth, norm, seed)] = r
     w2 = r["layers"][0][0]
     print(f"[{i + 1}/{len(keys)}] depth {depth} {norm}-LN seed {seed}: W2 grad norm at init "
           f"bottom {w2[0]:.3g} top {w2[-1]:.3g} (x{ratio(w2):.2f}); loss at step "
           f"{r['curve'][-1][0]} {r['curve'][-1][1]:.3f}; {r['status']}  "
           f"[{time.time() - t:.0f} s, {(time.time() - t0) / 60:.1f} min in all]", flush=True)
-  write_report(out, results, steps)
+  write_report(out, results, cfg)
   rec = {"action": "layer_grads", "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
          "command": shlex.join(["python", "-m", "experiments.layer_grads", *sys.argv[1:]]),
-         "flags": {f: flags.FLAGS[f].value for f in ("depths", "norms", "seeds", "width", "steps",
-                                                     "lr", "warmup", "schedule_steps",
-                                                     "record_at", "initializer_range")},
+         "flags": {f: flags.FLAGS[f].value for f in FLAG_NAMES},
          "git": provenance.git_state(), "host": provenance.host(),
          "packages": provenance.package_versions(), "minutes": (time.time() - t0) / 60,
          "cwd": os.getcwd()}
@@ -238,4 +266,5 @@ def main(argv):
 
 if __name__ == "__main__":
   from encoder_jax import cli  # pylint: disable=g-import-not-at-top
+  define_flags()
   cli.run(main, "experiments.layer_grads")

@@ -1,9 +1,6 @@
 """The trainer tests' shared corpus and compilation cache (tests/loop_helpers.py)."""
-import functools
 
 import filelock
-
-import jax
 import pytest
 
 from encoder_jax.data import sources, tokenizer
@@ -47,20 +44,3 @@ def sotu_corpus(tmp_path_factory, worker_id):
   vocab = tokenizer.WordPieceTokenizer.load(str(base / "vocab.txt"))
   return {"base": base, "vocab": str(base / "vocab.txt"), "vocab_size": vocab.vocab_size,
           "source": f"demo:{part}"}
-
-
-@pytest.fixture
-def full_xla_optimization():
-  """Programs jitted during the test compile at XLA optimisation level 3 instead of the
-  suite's level 0 (tests/conftest.py): for the tests that train for hundreds of steps, where
-  running the step costs more than compiling it (a whole 800-step run of the 64-wide model,
-  measured: 94 s at level 0, 50 s at level 3). A per-program option overrides XLA_FLAGS."""
-  real = jax.jit
-
-  def jit(fun=None, /, **kwargs):
-    kwargs.setdefault("compiler_options", {"xla_backend_optimization_level": 3})
-    return real(fun, **kwargs) if fun is not None else functools.partial(jit, **kwargs)
-
-  with pytest.MonkeyPatch.context() as m:
-    m.setattr(jax, "jit", jit)
-    yield
