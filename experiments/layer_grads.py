@@ -124,13 +124,15 @@ def point_config(depth: int, norm: str, seed: int, width: int, lr: float, warmup
 
 def run_point(cfg: Settings, depth: int, norm: str, seed: int) -> dict:
   """Trains one point cfg.steps steps (at least one: step 0's metrics are the gradient at
-  initialisation, computed before the update); per-layer norms at cfg.record_at."""
+  initialisation, computed before the update); per-layer norms at cfg.record_at and at the
+  last step."""
   import jax
   from encoder_jax.train import setup as setup_lib
   from encoder_jax.train import step as step_lib
   config = point_config(depth, norm, seed, cfg.width, cfg.lr, cfg.warmup, cfg.schedule_steps,
                         cfg.initializer_range)
-  steps, record_at = cfg.steps, set(cfg.record_at) | {0}
+  steps = cfg.steps
+  record_at = set(cfg.record_at) | {0, max(steps, 1) - 1}  # always the first and last step
   s = setup_lib.build(config)
   tr = s.trainer
   step_fn = step_lib.make_step(lambda p, st, b: step_lib.train_loss(tr, p, st, b), tr.tx,

@@ -41,17 +41,17 @@ def test_make_step_reports_grad_metrics_of_the_unclipped_gradient():
 
 
 def test_a_point_records_per_layer_norms_at_init_and_the_report_is_written(tmp_path):
-  """Two layers, three steps of the demo recipe: step 0's W2 norms are the gradient at
+  """Two layers, four steps of the demo recipe: step 0's W2 norms are the gradient at
   initialisation, one per layer, and the report, CSVs and plot are written."""
-  cfg = layer_grads.Settings(depths=(2,), norms=("post",), seeds=(0,), width=32, steps=3,
-                             record_at=(0, 2))
+  cfg = layer_grads.Settings(depths=(2,), norms=("post",), seeds=(0,), width=32, steps=4,
+                             record_at=(0, 1))
   r = layer_grads.run_point(cfg, 2, "post", 0)
-  assert sorted(r["layers"]) == [0, 2] and r["status"] == "done"
+  assert sorted(r["layers"]) == [0, 1, 3] and r["status"] == "done"  # asked, and the last
   w2, layer = r["layers"][0]
   assert w2.shape == layer.shape == (2,) and np.all(w2 > 0) and np.all(layer > w2)
-  assert [c[0] for c in r["curve"]] == [0, 1, 2]
+  assert [c[0] for c in r["curve"]] == [0, 1, 2, 3]
   layer_grads.write_report(tmp_path, {(2, "post", 0): r}, cfg)
   md = (tmp_path / "results.md").read_text()
   assert "| 2 | post | 1 |" in md and "init std 0.02" in md
-  assert len((tmp_path / "layers.csv").read_text().splitlines()) == 1 + 2 * 2
+  assert len((tmp_path / "layers.csv").read_text().splitlines()) == 1 + 3 * 2
   assert (tmp_path / "layer_grads.png").exists()
