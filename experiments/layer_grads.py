@@ -22,8 +22,9 @@ gradient norm. A point whose loss turns non-finite stops there and is reported d
 
 Writes to --out: layers.csv (per layer at each recorded step), curves.csv (per step),
 results.md (the ratio of the top layer's W2 gradient norm to the bottom layer's, per depth and
-norm, at initialisation and at the last recorded step; the final loss), layer_grads.png and
-provenance.json (the commit, command, flags, host and package versions).
+norm, at initialisation and at the last step; the train loss over the last 50 steps),
+layer_grads.png (W2 gradient norm by layer), loss_curves.png and provenance.json (the commit,
+command, flags, host and package versions). `--report` redraws the report from the CSVs.
 """
 from __future__ import annotations
 
@@ -65,6 +66,8 @@ def define_flags() -> None:
                      "weight (BERT: 0.02; Xavier's sqrt(2 / (d + 4d)) for the FFN at width 64 "
                      "is ~0.079, the scale of Xiong et al.'s analysis).")
   flags.DEFINE_string("out", "experiments/results/layer_grads", "Report directory.")
+  flags.DEFINE_bool("report", False, "Only redraw results.md and the plots from --out's CSVs "
+                    "(the settings in the header come from the flags given).")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,8 +161,11 @@ def ratio(w2: np.ndarray) -> float:
   return float(w2[-1] / w2[0])
 
 
+LOSS_WINDOW = 50  # the report's loss: mean over the last this many steps (one batch is noisy)
+
+
 def write_report(out: pathlib.Path, results: dict, cfg: Settings) -> None:
-  steps = cfg.steps
+  """layers.csv and curves.csv (everything measured), then results.md and the plots."""
   with open(out / "layers.csv", "w", newline="") as f:
     w = csv.writer(f)
     w.writerow(["depth", "norm", "seed", "step", "layer", "w2_grad_norm", "layer_grad_norm"])
@@ -174,7 +180,36 @@ def write_report(out: pathlib.Path, results: dict, cfg: Settings) -> None:
     for (depth, norm, seed), r in results.items():
       for step, loss, g in r["curve"]:
         w.writerow([depth, norm, seed, step, f"{loss:.6g}", f"{g:.6g}"])
+  report(out, results, cfg)
 
+
+def read_results(out: pathlib.Path) -> dict:
+  """The results dict of run_point's shape, back from layers.csv and curves.csv (--report)."""
+  results: dict = {}
+  with open(out / "curves.csv") as f:
+    for row in csv.DictReader(f):
+      r = results.setdefault((int(row["depth"]), row["norm"], int(row["seed"])),
+                             {"layers": {}, "curve": [], "status": "done"})
+      r["curve"].append((int(row["step"]), float(row["loss"]), float(row["grad_norm"])))
+  per_step: dict = {}
+  with open(out / "layers.csv") as f:
+    for row in csv.DictReader(f):
+      key = (int(row["depth"]), row["norm"], int(row["seed"]), int(row["step"]))
+      per_step.setdefault(key, []).append((int(row["layer"]), float(row["w2_grad_norm"]),
+                                           float(row["layer_grad_norm"])))
+  for (depth, norm, seed, step), rows in per_step.items():
+    rows.sort()
+    results[(depth, norm, seed)]["layers"][step] = (np.array([r[1] for r in rows]),
+                                                    np.array([r[2] for r in rows]))
+  for r in results.values():
+    last = r["curve"][-1]
+    if not (math.isfinite(last[1]) and math.isfinite(last[2])):
+      r["status"] = f"diverged at step {last[0]}"
+  return results
+
+
+def report(out: pathlib.Path, results: dict, cfg: Settings) -> None:
+  steps = max((len(r["curve"]) for r in results.values()), default=0)
   depths = sorted({k[0] for k in results})
   norms = [n for n in ("post", "pre") if any(k[1] == n for k in results)]
   last = max((s for r in results.values() for s in r["layers"]), default=0)
@@ -185,7 +220,8 @@ def write_report(out: pathlib.Path, results: dict, cfg: Settings) -> None:
            "W2 = each layer's FFN output kernel (Xiong et al. 2020, Figure 3). Ratio: the top "
            "layer's W2 gradient norm over the bottom layer's; median [min, max] over seeds.", "",
            "| depth | norm | seeds | top/bottom W2 at init | W2 norm at init (bottom, top) | "
-           f"top/bottom W2 at step {last} | loss at the last step | status |",
+           f"top/bottom W2 at step {last} | train loss, mean of the last {LOSS_WINDOW} steps | "
+           "status |",
            "|---|---|---|---|---|---|---|---|"]
 
   def fmt(vals):
@@ -199,13 +235,15 @@ def write_report(out: pathlib.Path, results: dict, cfg: Settings) -> None:
       later = [ratio(r["layers"][last][0]) for r in rs if last in r["layers"]]
       bottom = np.median([w2[0] for w2 in init]) if init else float("nan")
       top = np.median([w2[-1] for w2 in init]) if init else float("nan")
-      losses = [r["curve"][-1][1] for r in rs if r["curve"]]
+      losses = [float(np.mean([c[1] for c in r["curve"][-LOSS_WINDOW:]])) for r in rs
+                if r["curve"]]
       status = ", ".join(sorted({r["status"] for r in rs}))
       lines.append(f"| {depth} | {norm} | {len(rs)} | {fmt([ratio(w) for w in init])} | "
                    f"{bottom:.3g}, {top:.3g} | {fmt(later) if last else '-'} | "
                    f"{fmt(losses) if steps else '-'} | {status} |")
   (out / "results.md").write_text("\n".join(lines) + "\n")
   plot(out, results, depths, norms, last)
+  plot_losses(out, results, depths)
 
 
 def plot(out: pathlib.Path, results: dict, depths, norms, last: int) -> None:
@@ -236,10 +274,39 @@ def plot(out: pathlib.Path, results: dict, depths, norms, last: int) -> None:
   plt.close(fig)
 
 
+def plot_losses(out: pathlib.Path, results: dict, depths) -> None:
+  """Train loss against step (moving average over 20 steps), one panel per depth."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, axes = plt.subplots(1, len(depths), figsize=(4 * len(depths), 3.2), squeeze=False)
+  colors = {"post": "tab:red", "pre": "tab:blue"}
+  for ax, depth in zip(axes[0], depths):
+    for (d, norm, seed), r in sorted(results.items()):
+      if d != depth or not r["curve"]:
+        continue
+      loss = np.array([c[1] for c in r["curve"]])
+      k = min(20, len(loss))
+      smooth = np.convolve(loss, np.ones(k) / k, mode="valid")
+      ax.plot(np.arange(k - 1, len(loss)), smooth, color=colors[norm], alpha=0.8,
+              label=f"{norm}-LN seed {seed}")
+    ax.set_title(f"{depth} layers")
+    ax.set_xlabel("step")
+    ax.set_ylabel("train MLM loss (20-step mean)")
+    ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(out / "loss_curves.png", dpi=110)
+  plt.close(fig)
+
+
 def main(argv):
   del argv
   cfg = Settings.from_flags()
   out = pathlib.Path(flags.FLAGS.out)
+  if flags.FLAGS.report:
+    report(out, read_results(out), cfg)
+    print((out / "results.md").read_text())
+    return
   out.mkdir(parents=True, exist_ok=True)
   results, t0 = {}, time.time()
   keys = [(d, n, s) for d in cfg.depths for n in cfg.norms for s in cfg.seeds]
@@ -263,7 +330,8 @@ def main(argv):
   records = json.loads(path.read_text()) if path.exists() else []
   path.write_text(json.dumps(records + [rec], indent=1) + "\n")
   print((out / "results.md").read_text())
-  print(f"wrote {out}/layers.csv, curves.csv, results.md, layer_grads.png, provenance.json")
+  print(f"wrote {out}/layers.csv, curves.csv, results.md, layer_grads.png, loss_curves.png, "
+        "provenance.json")
 
 
 if __name__ == "__main__":

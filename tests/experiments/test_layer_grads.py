@@ -55,3 +55,13 @@ def test_a_point_records_per_layer_norms_at_init_and_the_report_is_written(tmp_p
   assert "| 2 | post | 1 |" in md and "init std 0.02" in md
   assert len((tmp_path / "layers.csv").read_text().splitlines()) == 1 + 3 * 2
   assert (tmp_path / "layer_grads.png").exists()
+  assert (tmp_path / "loss_curves.png").exists()
+  # --report redraws from the CSVs: the same numbers back (to the CSVs' 6 digits)
+  back = layer_grads.read_results(tmp_path)[(2, "post", 0)]
+  assert sorted(back["layers"]) == sorted(r["layers"]) and back["status"] == "done"
+  np.testing.assert_allclose(back["layers"][3][0], r["layers"][3][0], rtol=1e-5)
+  np.testing.assert_allclose([c[1] for c in back["curve"]], [c[1] for c in r["curve"]],
+                             rtol=1e-5)
+  before = md
+  layer_grads.report(tmp_path, {(2, "post", 0): back}, cfg)
+  assert (tmp_path / "results.md").read_text() == before
