@@ -235,7 +235,7 @@ def runlocal(config: ml_collections.ConfigDict) -> None:
 
   Each choice won a measurement on the demo corpus (held-out masked-token accuracy after the
   same number of training tokens; the measurements, with their dates and hosts, are in
-  experiments/results/README.md, "How the demo recipe was chosen"):
+  experiments/results/demo.md, "How the demo recipe was chosen"):
     * vocab "demo" (8,192 WordPiece ids trained on the demo text): BERT's 30,522 leave a tiny
       model too few targets per entry and most of its step in the vocabulary projection.
     * position_bias "alibi" with 8 heads: its steep heads attend to neighbours from step 0,
