@@ -52,11 +52,13 @@ INIT_LABELS = {"pretrained": "this run's checkpoint", "random": "random init, sa
                "minilm": "all-MiniLM-L6-v2"}
 
 
-def _finetune_config(task: str, init: str, pretrain_dir: pathlib.Path, seeds: int):
-  from configs import finetune as finetune_config  # pylint: disable=g-import-not-at-top
+def finetune_config(task: str, init: str, pretrain_dir: pathlib.Path, seeds: int):
+  """The main job's fine-tuning config of one (task, backbone): pretrained (the checkpoint in
+  pretrain_dir), random (a random init of its shape) or minilm."""
+  from configs import finetune as finetune_cfg  # pylint: disable=g-import-not-at-top
   ckpt = f"ckpt:{pretrain_dir / 'checkpoints'}"
   spec = {"pretrained": ckpt, "random": "random", "minilm": "minilm"}[init]
-  config = finetune_config.get_config(f"task={task},init={spec},run=demo")
+  config = finetune_cfg.get_config(f"task={task},init={spec},run=demo")
   with config.unlocked():
     config.seeds = seeds
     if init == "random":
@@ -90,7 +92,7 @@ def run_finetuning(tasks, inits, pretrain_dir: pathlib.Path, workdir: pathlib.Pa
   done: dict[tuple[str, str], dict] = {}
   todo = []
   for task, init in jobs:
-    config = _finetune_config(task, init, pretrain_dir, seeds)
+    config = finetune_config(task, init, pretrain_dir, seeds)
     jdir = workdir / f"finetune_{task}_{init}"
     old = _finished(config, jdir)
     if old is not None:
