@@ -66,7 +66,7 @@ def finetune_config(task: str, init: str, pretrain_dir: pathlib.Path, seeds: int
   return config
 
 
-def _finished(config, workdir: pathlib.Path) -> dict | None:
+def finished(config, workdir: pathlib.Path) -> dict | None:
   """The results of a finished job with exactly this config, if workdir holds one."""
   done = workdir / "results.json"
   if done.exists():
@@ -94,7 +94,7 @@ def run_finetuning(tasks, inits, pretrain_dir: pathlib.Path, workdir: pathlib.Pa
   for task, init in jobs:
     config = finetune_config(task, init, pretrain_dir, seeds)
     jdir = workdir / f"finetune_{task}_{init}"
-    old = _finished(config, jdir)
+    old = finished(config, jdir)
     if old is not None:
       print(f"[2/2] reusing {jdir / 'results.json'}", flush=True)
       done[(task, init)] = old

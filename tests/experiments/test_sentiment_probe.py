@@ -46,3 +46,13 @@ def test_bootstrap_is_paired_over_the_same_test_items():
   lo, hi = ci["pretrained_minus_random"]
   assert 0 < lo <= len(flip) / 1000 <= hi and ci["p_gain_le_0"] == 0.0
   assert ci["pretrained"][0] < b.mean() < ci["pretrained"][1]
+
+
+def test_cv_probe_scores_every_item_once_out_of_fold():
+  rng = np.random.default_rng(3)
+  w = rng.normal(size=8)
+  x, y = _split(rng, 1000, w, 0.3)
+  correct = sp.cv_probe(x, y, 1.0, folds=5)
+  assert correct.shape == (1000,) and 0.85 < correct.mean() < 1.0
+  # a rule that only memorises cannot score: labels shuffled against the features give chance
+  assert 0.4 < sp.cv_probe(x, rng.permutation(y), 1.0, folds=5).mean() < 0.6
