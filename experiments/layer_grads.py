@@ -59,9 +59,9 @@ def define_flags() -> None:
   flags.DEFINE_integer("warmup", 0, "Linear warm-up steps (0: none, the post-LN failure case).")
   flags.DEFINE_integer("schedule_steps", 2000, "Length of the linear-decay schedule the --steps "
                        "are the start of (the norm grid's 2,000).")
-  flags.DEFINE_list("record_at", ["0", "10", "50", "100", "200"], "Steps (0 = the gradient at "
-                    "initialisation) at which per-layer norms are kept; those past --steps are "
-                    "ignored.")
+  flags.DEFINE_list("record_at", ["0", "10", "50", "100"], "Steps (0 = the gradient at "
+                    "initialisation) at which per-layer norms are kept, besides the last step; "
+                    "those past --steps are ignored.")
   flags.DEFINE_float("initializer_range", 0.02, "Std of the truncated-normal init of every "
                      "weight (BERT: 0.02; Xavier's sqrt(2 / (d + 4d)) for the FFN at width 64 "
                      "is ~0.079, the scale of Xiong et al.'s analysis).")
@@ -81,7 +81,7 @@ class Settings:
   lr: float = 1e-3
   warmup: int = 0
   schedule_steps: int = 2000
-  record_at: tuple[int, ...] = (0, 10, 50, 100, 200)
+  record_at: tuple[int, ...] = (0, 10, 50, 100)
   initializer_range: float = 0.02
 
   @classmethod
@@ -301,6 +301,7 @@ def plot_losses(out: pathlib.Path, results: dict, depths) -> None:
 
 def main(argv):
   del argv
+  provenance.pin_git_state()  # the code this process runs is the tree's now
   cfg = Settings.from_flags()
   out = pathlib.Path(flags.FLAGS.out)
   if flags.FLAGS.report:
@@ -323,7 +324,7 @@ def main(argv):
   rec = {"action": "layer_grads", "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
          "command": shlex.join(["python", "-m", "experiments.layer_grads", *sys.argv[1:]]),
          "flags": {f: flags.FLAGS[f].value for f in FLAG_NAMES},
-         "git": provenance.git_state(), "host": provenance.host(),
+         "git": provenance.process_git_state(), "host": provenance.host(),
          "packages": provenance.package_versions(), "minutes": (time.time() - t0) / 60,
          "cwd": os.getcwd()}
   path = out / provenance.FILENAME

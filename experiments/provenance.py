@@ -73,6 +73,22 @@ def git_state(repo: os.PathLike | str = REPO) -> dict[str, Any]:
   return state
 
 
+_PINNED: dict[str, dict[str, Any]] = {}
+
+
+def pin_git_state(repo: os.PathLike | str = REPO) -> dict[str, Any]:
+  """Records `repo`'s git state now, at a program's start, for every later record of this
+  process: the code a long run loaded is the tree's at its start, not at its end (a commit
+  made while a grid runs must not be credited with its results)."""
+  _PINNED[str(repo)] = git_state(repo)
+  return _PINNED[str(repo)]
+
+
+def process_git_state(repo: os.PathLike | str = REPO) -> dict[str, Any]:
+  """The state `pin_git_state` recorded for `repo`, or the current one where none was."""
+  return _PINNED.get(str(repo)) or git_state(repo)
+
+
 def host() -> dict[str, Any]:
   """The CPU model (/proc/cpuinfo's "model name"), logical cores, the cores this process may
   use, the OS and Python."""
@@ -173,7 +189,7 @@ def make_record(grid: Grid, *, action: str, scale: str = "", workdir=None, out=N
       "grid": {"name": grid.name, "title": grid.title, "scale": scale,
                "workdir": None if workdir is None else str(workdir),
                "out": None if out is None else str(out)},
-      "git": git_state(repo), "host": host(), "packages": package_versions(),
+      "git": process_git_state(repo), "host": host(), "packages": package_versions(),
       "env": {k: os.environ[k] for k in ENV_VARS if k in os.environ},
       "pretrain_configs": {arg: _jsonable(resolve_config(arg, {}).to_dict())
                            for arg in dict.fromkeys(p.pretrain_arg for p in grid.points)},

@@ -124,6 +124,9 @@ def main(argv):
   if _OVERRIDE.value and not _TAG.value:
     raise app.UsageError("--override changes every point: name the variant with --tag.")
   names = grid_names(_GRID.value)
+  # Every record of this invocation names the tree as it was now, when its code was loaded
+  # (with --in_process all of it; a commit made while the grids run is not theirs).
+  provenance.pin_git_state()
   from encoder_jax import cli  # before JAX is imported: in-process jobs share XLA's cache
   cli.enable_compilation_cache()
   if _IN_PROCESS.value:

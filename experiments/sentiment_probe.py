@@ -47,8 +47,8 @@ def define_flags() -> None:
   flags.DEFINE_string("task", "rotten_tomatoes", "The demo task to probe (a classification).")
   flags.DEFINE_list("inits", list(INITS), "Backbones: pretrained (the checkpoint), random (a "
                     "random init of its shape), minilm (all-MiniLM-L6-v2).")
-  flags.DEFINE_integer("max_train_examples", 0, "Train snippets for the probe (0: all 8,530; "
-                       "the main job fine-tunes on 4,000).")
+  flags.DEFINE_integer("max_train_examples", 0, "Train snippets for the probe (0: the task's "
+                       "whole train split; the main job fine-tunes on 4,000).")
   flags.DEFINE_integer("resamples", 10000, "Bootstrap resamples of the test snippets.")
   flags.DEFINE_integer("cv_folds", 10, "Folds of the second probe: cross-validated over train, "
                        "validation and test pooled, at each backbone's penalty (0: off).")
@@ -135,6 +135,7 @@ def export(init: str, pretrain_dir: pathlib.Path, workdir: pathlib.Path, task: s
 
 def main(argv):
   del argv
+  provenance.pin_git_state()  # the code this process runs is the tree's now
   f = flags.FLAGS
   if not f.pretrain_dir or not (pathlib.Path(f.pretrain_dir) / "checkpoints").is_dir():
     raise app.UsageError(f"--pretrain_dir={f.pretrain_dir}: give a demo pre-training workdir "
@@ -200,7 +201,7 @@ def main(argv):
          "command": shlex.join(["python", "-m", "experiments.sentiment_probe", *sys.argv[1:]]),
          "flags": {k: f[k].value for k in ("pretrain_dir", "task", "inits",
                                            "max_train_examples", "resamples", "cv_folds")},
-         "git": provenance.git_state(), "host": provenance.host(),
+         "git": provenance.process_git_state(), "host": provenance.host(),
          "packages": provenance.package_versions(), "minutes": (time.time() - t0) / 60,
          "cwd": os.getcwd()}
   path = out / provenance.FILENAME

@@ -479,3 +479,23 @@ def test_provenance_without_git_says_unknown(tmp_path, monkeypatch):
   lines = provenance.summary_lines(provenance.read(tmp_path))
   assert lines[0].startswith("**Produced by** an unknown commit")
   assert any("| report | unknown (tree state unknown) | – | `x` |" in line for line in lines)
+
+
+def test_a_pinned_git_state_is_what_later_records_name(tmp_path):
+  """A commit made while a long run goes on is not credited with its results: the records of
+  a process that pinned its state at the start name the tree of the start."""
+  repo = tmp_path / "repo"
+  repo.mkdir()
+  git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], check=True, capture_output=True)
+  git("init", "-q")
+  git("-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q", "--allow-empty", "-m", "one")
+  first = provenance.pin_git_state(repo)
+  git("-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q", "--allow-empty", "-m", "two")
+  try:
+    assert provenance.git_state(repo)["commit"] != first["commit"]
+    assert provenance.process_git_state(repo) == first
+    rec = provenance.make_record(grids.get_grid("static_vs_dynamic", "demo"), action="plan",
+                                 repo=repo)
+    assert rec["git"]["commit"] == first["commit"]
+  finally:
+    provenance._PINNED.pop(str(repo))
