@@ -30,12 +30,8 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import json
 import math
-import os
 import pathlib
-import shlex
-import sys
 import time
 
 from absl import app, flags
@@ -321,15 +317,8 @@ def main(argv):
           f"{r['curve'][-1][0]} {r['curve'][-1][1]:.3f}; {r['status']}  "
           f"[{time.time() - t:.0f} s, {(time.time() - t0) / 60:.1f} min in all]", flush=True)
   write_report(out, results, cfg)
-  rec = {"action": "layer_grads", "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-         "command": shlex.join(["python", "-m", "experiments.layer_grads", *sys.argv[1:]]),
-         "flags": {f: flags.FLAGS[f].value for f in FLAG_NAMES},
-         "git": provenance.process_git_state(), "host": provenance.host(),
-         "packages": provenance.package_versions(), "minutes": (time.time() - t0) / 60,
-         "cwd": os.getcwd()}
-  path = out / provenance.FILENAME
-  records = json.loads(path.read_text()) if path.exists() else []
-  path.write_text(json.dumps(records + [rec], indent=1) + "\n")
+  provenance.record_tool(out, "experiments.layer_grads",
+                         {f: flags.FLAGS[f].value for f in FLAG_NAMES}, (time.time() - t0) / 60)
   print((out / "results.md").read_text())
   print(f"wrote {out}/layers.csv, curves.csv, results.md, layer_grads.png, loss_curves.png, "
         "provenance.json")

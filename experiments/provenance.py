@@ -228,6 +228,24 @@ def record(out_dir: os.PathLike | str, grid: Grid, **kwargs) -> dict[str, Any]:
   return rec
 
 
+def record_tool(out_dir: os.PathLike | str, module: str, flag_values: Mapping[str, Any],
+                minutes: float) -> dict[str, Any]:
+  """Appends one invocation of a stand-alone experiment (`python -m <module>`, not a grid) to
+  <out_dir>/provenance.json: the command, its flags, the tree the process started from
+  (`pin_git_state`), host, package versions and minutes. Returns the record."""
+  rec = {"action": module.rsplit(".", 1)[-1], "date": _now(),
+         "command": shlex.join(["python", "-m", module, *sys.argv[1:]]),
+         "flags": _jsonable(dict(flag_values)), "git": process_git_state(), "host": host(),
+         "packages": package_versions(), "minutes": minutes, "cwd": os.getcwd()}
+  out = pathlib.Path(out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  records = read(out)
+  tmp = out / (FILENAME + ".tmp")
+  tmp.write_text(json.dumps(records + [rec], indent=1) + "\n")
+  os.replace(tmp, out / FILENAME)
+  return rec
+
+
 def point_config(rec: Mapping[str, Any], name: str):
   """Point `name`'s pre-training ConfigDict rebuilt from a record alone: its base config with
   its overrides applied (what experiments.grid.resolve_config built when it ran)."""

@@ -26,10 +26,7 @@ Writes --out: results.md, results.json and provenance.json (commit, command, fla
 from __future__ import annotations
 
 import json
-import os
 import pathlib
-import shlex
-import sys
 import time
 
 from absl import app, flags
@@ -196,17 +193,10 @@ def main(argv):
   (out / "results.md").write_text("\n".join(lines) + "\n")
   (out / "results.json").write_text(json.dumps({"probes": probes, "bootstrap": ci,
                                                 "cv_bootstrap": cv_ci}, indent=1))
-  rec = {"action": "sentiment_probe",
-         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-         "command": shlex.join(["python", "-m", "experiments.sentiment_probe", *sys.argv[1:]]),
-         "flags": {k: f[k].value for k in ("pretrain_dir", "task", "inits",
-                                           "max_train_examples", "resamples", "cv_folds")},
-         "git": provenance.process_git_state(), "host": provenance.host(),
-         "packages": provenance.package_versions(), "minutes": (time.time() - t0) / 60,
-         "cwd": os.getcwd()}
-  path = out / provenance.FILENAME
-  records = json.loads(path.read_text()) if path.exists() else []
-  path.write_text(json.dumps(records + [rec], indent=1) + "\n")
+  provenance.record_tool(out, "experiments.sentiment_probe",
+                         {k: f[k].value for k in ("pretrain_dir", "task", "inits",
+                                                  "max_train_examples", "resamples", "cv_folds")},
+                         (time.time() - t0) / 60)
   print((out / "results.md").read_text())
 
 

@@ -65,3 +65,14 @@ def test_a_point_records_per_layer_norms_at_init_and_the_report_is_written(tmp_p
   before = md
   layer_grads.report(tmp_path, {(2, "post", 0): back}, cfg)
   assert (tmp_path / "results.md").read_text() == before
+
+
+def test_a_tool_invocation_is_appended_to_provenance(tmp_path, monkeypatch):
+  from experiments import provenance
+  monkeypatch.setattr("sys.argv", ["layer_grads.py", "--depths=2"])
+  first = provenance.record_tool(tmp_path, "experiments.layer_grads", {"depths": ["2"]}, 0.5)
+  provenance.record_tool(tmp_path, "experiments.layer_grads", {"depths": ["4"]}, 1.0)
+  recs = provenance.read(tmp_path)
+  assert [r["flags"]["depths"] for r in recs] == [["2"], ["4"]] and recs[0] == first
+  assert first["command"] == "python -m experiments.layer_grads --depths=2"
+  assert first["action"] == "layer_grads" and first["git"]["commit"]
