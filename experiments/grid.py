@@ -43,16 +43,43 @@ class FinetuneJob:
   """Fine-tune the point's final checkpoint on `task` with `seeds` seeds.
 
   `run` is configs/finetune.py's preset (small: 2,000 training rows, 2 epochs); overrides are
-  `--config.<key>=<value>` flags on top of it.
+  `--config.<key>=<value>` flags on top of it. `at_fraction` < 1 fine-tunes the checkpoint
+  written at that fraction of the point's steps instead (a learning curve's downstream score):
+  the point must save and keep it (train.checkpoint_every and train.keep; see `step_of`).
   """
   task: str
   seeds: int = 5
   run: str = "small"
   overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  at_fraction: float = 1.0
+
+  def __post_init__(self):
+    if not 0 < self.at_fraction <= 1:
+      raise ValueError(f"FinetuneJob({self.task!r}).at_fraction={self.at_fraction}: give a "
+                       "fraction of the pre-training steps in (0, 1].")
+
+  @property
+  def key(self) -> str:
+    """The job's name in reports: the task, and the fraction when not the final checkpoint."""
+    name = self.task.replace("/", "_")
+    return name if self.at_fraction == 1 else f"{name}_at{self.at_fraction:g}"
 
   @property
   def dirname(self) -> str:
-    return "ft_" + self.task.replace("/", "_")
+    return "ft_" + self.key
+
+  def step_of(self, point: "Point") -> int:
+    """The checkpoint step this job fine-tunes: 0 (the newest good one) at fraction 1, else
+    `at_fraction` of the point's steps, which must be a multiple of its checkpoint_every."""
+    if self.at_fraction == 1:
+      return 0
+    step = round(point.steps * self.at_fraction)
+    every = point.overrides.get("train.checkpoint_every", 0)
+    if not every or step % every:
+      raise ValueError(f"point {point.name}: fine-tuning at {self.at_fraction:g} of "
+                       f"{point.steps} steps needs a checkpoint at step {step}; set "
+                       f"train.checkpoint_every to a divisor of it (now {every}).")
+    return step
 
 
 @dataclasses.dataclass(frozen=True)

@@ -214,6 +214,47 @@ def electra_vs_mlm(scale: str = "demo", data_source: str = "") -> Grid:
       anchor=ELECTRA_ANCHOR, curve_keys=("mlm_loss", "main_loss", "gen_loss"))
 
 
+# ------------------------------------------------------------------ (a'') ELECTRA's learning curve
+
+CURVE_MULTIPLE = 2  # the curve's budget, in grid (a)'s equal-compute budgets (8,400 MLM steps)
+CURVE_EVALS = 32  # held-out evaluations per run, evenly spaced
+CURVE_FRACTIONS = (0.25, 0.5, 0.75)  # checkpoints fine-tuned on POS before the final one
+
+
+def electra_curve(scale: str = "demo", data_source: str = "") -> Grid:
+  """MLM vs ELECTRA along one long run each (2 pre-training seeds): the discriminator against
+  its prior at CURVE_EVALS held-out evaluations, and Brown POS fine-tuned from the checkpoints
+  at 1/4, 1/2 and 3/4 of the run and at its end, so the two objectives are compared at equal
+  training FLOPs all along (experiments.crossing reads it: where the discriminator leaves its
+  prior, and where, if anywhere, ELECTRA catches MLM). Checkpoints before the end are taken
+  mid-schedule (the learning rate not yet decayed), the same fraction of the same-FLOPs
+  schedule for both objectives."""
+  del data_source
+  if scale != "demo":
+    raise ValueError(f"electra_curve: scale={scale!r}; it is a demo-scale grid (the learning "
+                     "curve at CPU scale); at gpu or base scale run electra_vs_mlm.")
+  base = {"train.log_every": 100, "train.eval_steps": 64}
+  budget = CURVE_MULTIPLE * steps_for_budget_ref("size=tiny,objective=mlm,runlocal", base,
+                                                 steps=8400)
+  quarters = len(CURVE_FRACTIONS) + 1
+
+  def point(v):
+    arg = f"size=tiny,objective={v['objective']},runlocal"
+    steps = steps_for_budget(resolve_config(arg, base), budget)
+    steps += -steps % quarters  # a checkpoint at every quarter (< 0.03% more FLOPs)
+    over = {**base, "train.steps": steps, "train.flops_budget": budget, "seed": v["seed"],
+            "train.eval_every": steps // CURVE_EVALS,
+            "train.checkpoint_every": steps // quarters, "train.keep": quarters}
+    jobs = tuple(FinetuneJob("brown_pos", seeds=_DEMO_FT_SEEDS, run="demo", at_fraction=f)
+                 for f in CURVE_FRACTIONS) + _demo_finetune(lr=None)
+    return PointSpec(arg, over, jobs)
+
+  # seed slowest: both objectives of seed 0 finish before seed 1 starts
+  return Grid("electra_curve", "ELECTRA vs MLM along the learning curve", expand(
+      {"seed": [0, 1], "objective": ["mlm", "electra"]}, point),
+      anchor=ELECTRA_ANCHOR, curve_keys=("mlm_loss", "gen_loss"))
+
+
 # ------------------------------------------------------------------ (a') ELECTRA generator size
 
 GENERATOR_ANCHOR = (
@@ -447,6 +488,7 @@ def _drop_single_seed(points: tuple[Point, ...]) -> tuple[Point, ...]:
 
 GRIDS: dict[str, Callable[..., Grid]] = {
     "electra_vs_mlm": electra_vs_mlm,
+    "electra_curve": electra_curve,
     "nsp_formats": nsp_formats,
     "norm_lr_warmup": norm_lr_warmup,
     "static_vs_dynamic": static_vs_dynamic,
@@ -488,7 +530,7 @@ def dry_run(grid: Grid) -> Grid:
   def shrink(p: Point) -> Point:
     finetune = tuple(dataclasses.replace(j, seeds=1, overrides={**j.overrides,
                                                                 **DRY_RUN_FINETUNE})
-                     for j in p.finetune)
+                     for j in p.finetune if j.at_fraction == 1)  # 3 steps: one checkpoint
     warmup = min(p.config().optim.warmup_steps, 1)
     return make_point(p.labels, PointSpec(p.pretrain_arg, {
         **p.overrides, **DRY_RUN_PRETRAIN, "optim.warmup_steps": warmup}, finetune))

@@ -131,7 +131,7 @@ def collect(grid: Grid, workdir, points: Sequence[Point] | None = None) -> list[
     for job in point.finetune:
       res = _read_json(pdir / job.dirname / "results.json")
       skey, vals = seed_scores(res or {})
-      name = job.task.replace("/", "_")
+      name = job.key
       row[f"{name}_median"] = statistics.median(vals) if vals else math.nan
       row[f"{name}_min"] = min(vals) if vals else math.nan
       row[f"{name}_max"] = max(vals) if vals else math.nan
@@ -172,7 +172,7 @@ def _fmt(v: Any) -> str:
 
 def markdown(grid: Grid, rows: list[dict]) -> str:
   axes = list(grid.points[0].labels) if grid.points else []
-  tasks = [j.task.replace("/", "_") for j in (grid.points[0].finetune if grid.points else ())]
+  tasks = [j.key for j in (grid.points[0].finetune if grid.points else ())]
   head = axes + ["status", "steps", "train FLOPs", "final train loss", "final eval loss"]
   extra = [k for k in ("eval_mlm_accuracy", "eval_gen_accuracy", "eval_main_accuracy",
                        "eval_disc_accuracy", "eval_disc_precision", "eval_disc_recall",
@@ -298,8 +298,10 @@ def plot_loss(grid: Grid, workdir, path: pathlib.Path, points=None) -> None:
 
 
 def plot_downstream(grid: Grid, rows: list[dict], path: pathlib.Path) -> bool:
-  """Downstream median (seed min-max as error bars) vs pre-training FLOPs, one panel per task."""
-  tasks = [j.task.replace("/", "_") for j in (grid.points[0].finetune if grid.points else ())]
+  """Downstream median (seed min-max as error bars) vs pre-training FLOPs, one panel per task
+  (final checkpoints only: a grid's learning curves are experiments.crossing's plots)."""
+  tasks = [j.key for j in (grid.points[0].finetune if grid.points else ())
+           if j.at_fraction == 1]
   if not tasks:
     return False
   import matplotlib
@@ -378,7 +380,7 @@ def gpu_plan_lines(grid, mfu: float) -> list[str]:
     seconds = (p.total_flops / rate + grids.GPU_POINT_S
                + grids.GPU_FINETUNE_S * len(p.finetune))
     total_s, total_flops = total_s + seconds, total_flops + p.total_flops
-    ft = ", ".join(f"{j.task}×{j.seeds}" for j in p.finetune) or "–"
+    ft = ", ".join(f"{j.key}×{j.seeds}" for j in p.finetune) or "–"
     lines.append(f"| {p.name} | {p.steps:,} | {p.flops_per_step:.3g} | {p.total_flops:.3g} | "
                  f"{duration(seconds)} | {ft} |")
   lines.append(f"| **all** | | | {total_flops:.3g} | {duration(total_s)} | |")

@@ -96,7 +96,7 @@ def plan_lines(grid, device: str, mfu: float) -> list[str]:
   for p in grid.points:
     seconds = p.total_flops / (peak * mfu)
     total += p.total_flops
-    ft = ", ".join(f"{j.task}×{j.seeds}" for j in p.finetune) or "–"
+    ft = ", ".join(f"{j.key}×{j.seeds}" for j in p.finetune) or "–"
     lines.append(f"| {p.name} | {p.steps:,} | {p.flops_per_step:.3g} | {p.total_flops:.3g} | "
                  f"{report.duration(seconds)} | {ft} |")
   lines.append(f"| **all** | | | {total:.3g} | {report.duration(total / (peak * mfu))} | |")

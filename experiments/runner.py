@@ -54,7 +54,9 @@ def point_dir(workdir: str | os.PathLike, point: Point) -> epath.Path:
 
 def point_record(point: Point) -> dict:
   d = dataclasses.asdict(point)
-  d["finetune"] = [dataclasses.asdict(j) for j in point.finetune]
+  # at_fraction only where it is not the default, so runs recorded before it existed resume
+  d["finetune"] = [{k: v for k, v in dataclasses.asdict(j).items()
+                    if k != "at_fraction" or v != 1} for j in point.finetune]
   d["total_flops"] = point.total_flops
   return json.loads(json.dumps(d, default=str))
 
@@ -104,9 +106,10 @@ def pretrain_command(point: Point, workdir, python: str = sys.executable) -> lis
 def finetune_command(point: Point, job: FinetuneJob, workdir,
                      python: str = sys.executable) -> list[str]:
   pdir = point_dir(workdir, point)
+  ckpt, step = pdir / "pretrain" / "checkpoints", job.step_of(point)
   return [python, "-m", "encoder_jax.finetune.main", f"--workdir={pdir / job.dirname}",
           f"--config=configs/finetune.py:task={job.task},"
-          f"init=ckpt:{pdir / 'pretrain' / 'checkpoints'},"
+          f"init=ckpt:{ckpt / str(step) if step else ckpt},"
           f"run={job.run}", f"--config.seeds={job.seeds}",
           *[f"--config.{k}={v}" for k, v in job.overrides.items()]]
 

@@ -403,6 +403,51 @@ def test_finetune_command_of_a_multi_axis_point_reaches_its_checkpoint(tmp_path)
   assert cfg.task == "brown_pos" and cfg.pooling == "mean"  # the run=demo preset applied
 
 
+def test_learning_curve_jobs_fine_tune_their_own_checkpoint(tmp_path):
+  """electra_curve: MLM and ELECTRA at one FLOPs budget, each fine-tuned on POS from the
+  checkpoints at 1/4, 1/2, 3/4 of its run and at its end; those steps are saved and kept, the
+  jobs get their own folders and report columns, and the dry run drops them."""
+  from configs import finetune as finetune_config
+  g = grids.get_grid("electra_curve")
+  assert [p.name for p in g.points] == ["seed=0,objective=mlm", "seed=0,objective=electra",
+                                        "seed=1,objective=mlm", "seed=1,objective=electra"]
+  budget = 2 * 8400 * g.points[0].flops_per_step
+  for p in g.points:
+    assert p.total_flops == pytest.approx(budget, rel=3e-4)
+    cfg = p.config()
+    every = cfg.train.checkpoint_every
+    assert p.steps == 4 * every and cfg.train.keep >= 4 and cfg.train.eval_every > 0
+    steps = [j.step_of(p) for j in p.finetune]
+    assert steps == [every, 2 * every, 3 * every, 0, 0]  # 0: the newest (final) checkpoint
+    assert [j.key for j in p.finetune] == ["brown_pos_at0.25", "brown_pos_at0.5",
+                                           "brown_pos_at0.75", "rotten_tomatoes", "brown_pos"]
+    cmd = runner.finetune_command(p, p.finetune[1], tmp_path)
+    init = finetune_config.get_config(
+        next(a for a in cmd if a.startswith("--config=")).partition(":")[2]).init
+    assert init == f"ckpt:{tmp_path / p.name / 'pretrain' / 'checkpoints' / str(2 * every)}"
+    assert f"--workdir={tmp_path / p.name / 'ft_brown_pos_at0.5'}" in cmd
+  with pytest.raises(ValueError, match="checkpoint_every"):  # a step the run does not save
+    FinetuneJob("brown_pos", at_fraction=0.3).step_of(g.points[0])
+  with pytest.raises(ValueError, match=r"\(0, 1\]"):
+    FinetuneJob("brown_pos", at_fraction=0)
+  # a final-checkpoint job's record is what it was before at_fraction existed: old runs resume
+  assert "at_fraction" not in runner.point_record(g.points[0])["finetune"][-1]
+  assert runner.point_record(g.points[0])["finetune"][0]["at_fraction"] == 0.25
+  assert all(j.at_fraction == 1 for p in grids.dry_run(g).points for j in p.finetune)
+  with pytest.raises(ValueError, match="demo-scale"):
+    grids.get_grid("electra_curve", "gpu")
+
+
+def test_report_has_a_column_per_learning_curve_job(tmp_path):
+  g = grids.get_grid("electra_curve")
+  fake = FakeExecutor()
+  runner.run_grid(g, tmp_path, points=g.points[:2], execute=fake, echo=lambda s: None)
+  assert sum(c[2] == "encoder_jax.finetune.main" for c in fake.calls) == 10
+  rows = report.collect(g, tmp_path, g.points[:2])
+  assert rows[0]["brown_pos_at0.25_seeds"] == 3 and rows[0]["brown_pos_seeds"] == 3
+  assert "brown_pos_at0.75 test/accuracy" in report.markdown(g, rows)
+
+
 # ------------------------------------------------------------------ provenance
 
 
