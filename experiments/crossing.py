@@ -1,0 +1,351 @@
+r"""ELECTRA vs MLM along the learning curve: at what compute ELECTRA's discriminator leaves its
+prior, and where (if anywhere) ELECTRA catches MLM downstream at equal training FLOPs.
+
+  bash run.sh python -m experiments.run --grid=electra_curve --in_process  # the runs, resumable
+  bash run.sh python -m experiments.crossing                                # this analysis
+
+Reads the runs of grid `electra_curve` (experiments/grids.py: one run per objective and
+pre-training seed at twice grid (a)'s budget, held-out evaluations along it, Brown POS
+fine-tuned with 3 seeds from the checkpoints at 1/4, 1/2, 3/4 and the end) and writes to --out:
+
+* curve.csv: every held-out evaluation: the discriminator's loss over its prior (the binary
+  entropy of the replaced share, what predicting the base rate costs; experiments.report), and
+  the nats below the unigram baseline at [MASK] inputs (MLM's head, ELECTRA's generator);
+* downstream.csv: POS test accuracy per objective, pre-training seed, checkpoint and
+  fine-tuning seed;
+* crossing.md: where each discriminator's ratio first falls to experiments.report's
+  RTD_STALL_RATIO (0.95, "left its prior") and each MLM run's gap first reaches STALL_GAP (0.1
+  nats), both interpolated in log FLOPs between evaluations; POS per objective at each
+  checkpoint with ELECTRA's deficit; a line fitted to POS against log10 FLOPs per objective
+  and the FLOPs where the two lines meet, with a 95% interval from a hierarchical bootstrap
+  (pre-training seeds, then fine-tuning seeds within each);
+* crossing.png: the three curves against FLOPs (log scale), the fitted lines drawn on to
+  the crossing;
+* provenance.json: the command, flags, commit and host (experiments.provenance).
+
+The extrapolation rests on the log-linear trend of four checkpoints of one schedule each (the
+first three taken before the learning rate has decayed) and on 2 pre-training seeds; a crossing
+far beyond the measured FLOPs is a trend, not a measurement, and crossing.md says how far.
+"""
+from __future__ import annotations
+
+import csv
+import math
+import pathlib
+import statistics
+import time
+from typing import Sequence
+
+from absl import app, flags
+import numpy as np
+
+from experiments import grids, provenance, report, runner
+
+OBJECTIVES = ("mlm", "electra")
+
+
+def define_flags() -> None:
+  flags.DEFINE_string("workdir", "experiments/runs/electra_curve", "The grid's runs.")
+  flags.DEFINE_string("out", "experiments/results/electra_curve", "Report directory.")
+  flags.DEFINE_string("task", "brown_pos", "The fine-tuning task along the curve.")
+  flags.DEFINE_integer("resamples", 10000, "Hierarchical bootstrap resamples (seed 0).")
+
+
+# ------------------------------------------------------------------ reading the runs
+
+def eval_curve(point, rows: Sequence[dict]) -> list[dict]:
+  """One dict per held-out evaluation: step, flops, disc_vs_prior (RTD runs), gap_at_mask."""
+  out = []
+  for r in sorted((r for r in rows if r.get("split") == "eval"), key=lambda r: r["step"]):
+    row = {"step": r["step"], "flops": r["step"] * point.flops_per_step}
+    if "disc_loss" in r and "disc_replaced_frac" in r:
+      row["disc_vs_prior"] = r["disc_loss"] / report.binary_entropy(r["disc_replaced_frac"])
+    pred = next((k for k in ("mlm", "gen") if f"{k}_at_mask_loss" in r), None)
+    if pred and "unigram_at_mask_loss" in r:
+      row["gap_at_mask"] = r["unigram_at_mask_loss"] - r[f"{pred}_at_mask_loss"]
+    out.append(row)
+  return out
+
+
+def first_crossing(xs: Sequence[float], ys: Sequence[float], level: float,
+                   below: bool) -> float:
+  """The first x where y reaches `level` (falls to it if `below`, else rises to it), linearly
+  interpolated in log x between the evaluations around it; nan if it never does."""
+  for i, (x, y) in enumerate(zip(xs, ys)):
+    if (y <= level) if below else (y >= level):
+      if i == 0:
+        return x
+      x0, y0 = xs[i - 1], ys[i - 1]
+      t = (level - y0) / (y - y0)
+      return 10 ** (math.log10(x0) + t * (math.log10(x) - math.log10(x0)))
+  return math.nan
+
+
+def downstream(point, pdir: pathlib.Path, task: str) -> list[tuple[float, int, list[float]]]:
+  """(fraction, step, per-seed test scores) of each `task` job of the point, in run order."""
+  out = []
+  for job in point.finetune:
+    if job.task != task:
+      continue
+    step = job.step_of(point) or point.steps
+    res = report._read_json(pdir / job.dirname / "results.json") or {}  # pylint: disable=protected-access
+    out.append((job.at_fraction, step, report.seed_scores(res)[1]))
+  return sorted(out)
+
+
+# ------------------------------------------------------------------ the crossing
+
+def fit_line(log_flops: np.ndarray, ys: np.ndarray) -> tuple[float, float]:
+  """(slope, intercept) of the least-squares line y = slope * log10(FLOPs) + intercept."""
+  slope, intercept = np.polyfit(log_flops, ys, 1)
+  return float(slope), float(intercept)
+
+
+def crossing(mlm: tuple[float, float], electra: tuple[float, float]) -> float:
+  """log10 FLOPs where ELECTRA's line meets MLM's, if ELECTRA's rises faster; else nan (parallel,
+  or ELECTRA falls further behind)."""
+  (bm, am), (be, ae) = mlm, electra
+  return (am - ae) / (be - bm) if be > bm else math.nan
+
+
+def bootstrap(scores: dict[str, np.ndarray], log_flops: np.ndarray, resamples: int,
+              seed: int = 0) -> dict[str, np.ndarray]:
+  """scores[objective]: [pre-training seed, checkpoint, fine-tuning seed]. Each resample draws
+  pre-training seeds with replacement (a seed's whole curve goes together), then fine-tuning
+  seeds with replacement within each drawn seed and checkpoint; returns per resample ELECTRA's
+  deficit at each checkpoint (MLM - ELECTRA) and the log10 FLOPs of the crossing (nan: none)."""
+  rng = np.random.default_rng(seed)
+  means = {}
+  for obj, s in scores.items():
+    n_pre, n_ck, n_ft = s.shape
+    pre = rng.integers(0, n_pre, size=(resamples, n_pre))
+    ft = rng.integers(0, n_ft, size=(resamples, n_pre, n_ck, n_ft))
+    picked = s[pre[:, :, None, None], np.arange(n_ck)[None, None, :, None], ft]
+    means[obj] = picked.mean(axis=(1, 3))  # [resample, checkpoint]
+  x = log_flops - log_flops.mean()
+  slopes = {o: (m * x).sum(1) / (x * x).sum() for o, m in means.items()}
+  inter = {o: m.mean(1) - slopes[o] * log_flops.mean() for o, m in means.items()}
+  rises = slopes["electra"] > slopes["mlm"]
+  with np.errstate(divide="ignore", invalid="ignore"):
+    cross = np.where(rises, (inter["mlm"] - inter["electra"]) / (slopes["electra"] -
+                                                                  slopes["mlm"]), np.nan)
+  return {"deficit": means["mlm"] - means["electra"], "crossing": cross}
+
+
+def _pct(a: np.ndarray) -> tuple[float, float]:
+  return float(np.percentile(a, 2.5)), float(np.percentile(a, 97.5))
+
+
+# ------------------------------------------------------------------ the report
+
+def analyse(workdir: pathlib.Path, out: pathlib.Path, task: str = "brown_pos",
+            resamples: int = 10000) -> str:
+  """Writes curve.csv, downstream.csv, crossing.md and crossing.png; returns crossing.md."""
+  grid = grids.get_grid("electra_curve")
+  out.mkdir(parents=True, exist_ok=True)
+  curves, ds, status = {}, {}, {}
+  for p in grid.points:
+    key = (p.labels["objective"], int(p.labels["seed"]))
+    pdir = runner.point_dir(workdir, p)
+    curves[key] = eval_curve(p, report.read_curves(pathlib.Path(pdir)))
+    ds[key] = downstream(p, pathlib.Path(pdir), task)
+    status[key] = runner.status(workdir, p)
+  with open(out / "curve.csv", "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["objective", "seed", "step", "flops", "disc_vs_prior", "gap_at_mask"])
+    for (obj, seed), rows in curves.items():
+      for r in rows:
+        w.writerow([obj, seed, r["step"], f"{r['flops']:.6g}",
+                    f"{r.get('disc_vs_prior', math.nan):.6g}",
+                    f"{r.get('gap_at_mask', math.nan):.6g}"])
+  with open(out / "downstream.csv", "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["objective", "seed", "fraction", "step", "flops", "ft_seed", task])
+    for (obj, seed), rows in ds.items():
+      fps = next(p.flops_per_step for p in grid.points
+                 if p.labels["objective"] == obj and int(p.labels["seed"]) == seed)
+      for frac, step, vals in rows:
+        for i, v in enumerate(vals):
+          w.writerow([obj, seed, frac, step, f"{step * fps:.6g}", i, f"{v:.6g}"])
+
+  lines = ["### ELECTRA vs MLM along the learning curve", "",
+           f"Grid `electra_curve`: {len(grid.points)} runs, each "
+           f"{grid.points[0].total_flops:.3g} training FLOPs (generator and discriminator "
+           "counted; twice grid (a)'s budget), held-out evaluation every "
+           f"{grid.points[0].overrides['train.eval_every']:,} MLM / "
+           f"{grid.points[1].overrides['train.eval_every']:,} ELECTRA steps. Status: "
+           + ", ".join(f"{o} seed {s} {st}" for (o, s), st in status.items()) + ".", "",
+           "#### When each run leaves its plateau", "",
+           f"ELECTRA: the first FLOPs where the discriminator's held-out loss falls to "
+           f"{report.RTD_STALL_RATIO} of its prior's entropy. MLM: where its held-out loss at "
+           f"[MASK] first gets {report.STALL_GAP} nats below the unigram baseline (both "
+           "interpolated in log FLOPs between evaluations; the first evaluation already past "
+           "the level gives its own FLOPs, an upper bound).", "",
+           "| objective | seed | leaves its plateau at (FLOPs) | tokens | at the end: disc / prior "
+           "| at the end: nats below unigram at [MASK] |", "|---|---|---|---|---|---|"]
+  tokens_per_flop = {}
+  for p in grid.points:
+    cfg = p.config()
+    tokens_per_flop[p.labels["objective"]] = (cfg.data.batch_size * cfg.data.max_length
+                                              / p.flops_per_step)
+  exits = {}
+  for (obj, seed), rows in curves.items():
+    xs = [r["flops"] for r in rows]
+    if obj == "electra":
+      x = first_crossing(xs, [r.get("disc_vs_prior", math.nan) for r in rows],
+                         report.RTD_STALL_RATIO, below=True)
+    else:
+      x = first_crossing(xs, [r.get("gap_at_mask", math.nan) for r in rows],
+                         report.STALL_GAP, below=False)
+    exits[(obj, seed)] = x
+    last = rows[-1] if rows else {}
+    lines.append(f"| {obj} | {seed} | {x:.3g} | {x * tokens_per_flop[obj]:.3g} | "
+                 f"{last.get('disc_vs_prior', math.nan):.4f} | "
+                 f"{last.get('gap_at_mask', math.nan):.3f} |".replace("nan", "–"))
+
+  # POS at the checkpoints: complete when every run has every checkpoint's seeds
+  fracs = sorted({f for rows in ds.values() for f, _, _ in rows})
+  complete = all(len(ds.get((o, s), [])) == len(fracs) and all(v for _, _, v in ds[(o, s)])
+                 for o in OBJECTIVES for s in (0, 1))
+  lines += ["", f"#### {task} test accuracy from each checkpoint (3 fine-tuning seeds each)", "",
+            "| fraction of the run | FLOPs | MLM (median [min, max] over 2 x 3 seeds) | "
+            "ELECTRA | MLM - ELECTRA, pooled means (95% interval) |", "|---|---|---|---|---|"]
+  fit_text, boot, fits, x_cross = [], None, {}, math.nan
+  if complete:
+    n_ft = min(len(v) for rows in ds.values() for _, _, v in rows)
+    scores = {o: np.array([[v[:n_ft] for _, _, v in ds[(o, s)]] for s in (0, 1)])
+              for o in OBJECTIVES}
+    fps = {p.labels["objective"]: p.flops_per_step for p in grid.points}
+    # the same fraction of a same-FLOPs run is the same FLOPs for both objectives (to 0.03%)
+    flops = np.array([step * fps["mlm"] for _, step, _ in ds[("mlm", 0)]])
+    log_flops = np.log10(flops)
+    boot = bootstrap(scores, log_flops, resamples)
+    for i, frac in enumerate(fracs):
+      cells = []
+      for o in OBJECTIVES:
+        vals = scores[o][:, i, :].ravel()
+        cells.append(f"{statistics.median(vals):.4f} [{vals.min():.4f}, {vals.max():.4f}]")
+      d = scores["mlm"][:, i].mean() - scores["electra"][:, i].mean()
+      lo, hi = _pct(boot["deficit"][:, i])
+      lines.append(f"| {frac:g} | {flops[i]:.3g} | {cells[0]} | {cells[1]} | "
+                   f"{d:+.4f} [{lo:+.4f}, {hi:+.4f}] |")
+    fits = {o: fit_line(np.repeat(log_flops, scores[o].shape[0] * scores[o].shape[2]),
+                        scores[o].transpose(1, 0, 2).ravel()) for o in OBJECTIVES}
+    x_cross = crossing(fits["mlm"], fits["electra"])
+    cross = boot["crossing"]
+    found = cross[np.isfinite(cross)]
+    fit_text = ["", "#### The extrapolated crossing", "",
+                f"Least-squares lines through all {scores['mlm'].size} scores per objective "
+                "against log10 FLOPs: " + "; ".join(
+                    f"{o} {fits[o][0] * 100:+.2f} points per 10x FLOPs" for o in OBJECTIVES)
+                + "."]
+    if math.isfinite(x_cross):
+      fit_text.append(
+          f"They meet at **{10 ** x_cross:.2g} FLOPs**, {10 ** (x_cross - log_flops[-1]):.3g}x "
+          f"the largest measured ({flops[-1]:.3g}), at {task} "
+          f"{fits['mlm'][0] * x_cross + fits['mlm'][1]:.3f}.")
+    else:
+      fit_text.append("They do not meet: ELECTRA's line does not rise faster than MLM's.")
+    if len(found):
+      lo, hi = _pct(np.where(np.isfinite(cross), cross, np.inf))
+      upper = "never" if math.isinf(hi) else f"{10 ** hi:.2g}"
+      fit_text.append(
+          f"Hierarchical bootstrap ({resamples:,} resamples): ELECTRA's line is the steeper, "
+          f"so the lines meet, in {len(found) / len(cross):.1%} of them; 95% interval of "
+          f"the crossing [{10 ** lo:.2g}, {upper}] FLOPs.")
+    else:
+      fit_text.append(f"In none of {resamples:,} bootstrap resamples do the lines meet.")
+    fit_text.append(
+        "This rests on a straight line in log FLOPs through four checkpoints of one schedule "
+        "per run (the first three before the learning rate decayed) and on 2 pre-training "
+        "seeds, which resample to only three distinct pairs. Neither line can go on for ever: "
+        "MLM nears a ceiling (its gains per 10x shrink, which would bring the crossing "
+        "earlier), and ELECTRA's present climb is its discriminator leaving the prior (which "
+        "slows too, and would push the crossing later).")
+  else:
+    for frac in fracs:
+      cells = []
+      for o in OBJECTIVES:
+        vals = [v for s in (0, 1) for f, _, vs in ds.get((o, s), []) if f == frac for v in vs]
+        cells.append(f"{statistics.median(vals):.4f} [{min(vals):.4f}, {max(vals):.4f}], "
+                     f"n={len(vals)}" if vals else "–")
+      lines.append(f"| {frac:g} | | {cells[0]} | {cells[1]} | (incomplete) |")
+  lines += fit_text
+  plot(curves, ds, out / "crossing.png", task, exits, fits, x_cross)
+  lines += ["", "![curves](crossing.png)"]
+  text = "\n".join(lines) + "\n"
+  (out / "crossing.md").write_text(text)
+  return text
+
+
+def plot(curves, ds, path: pathlib.Path, task: str, exits, fits, x_cross: float) -> None:
+  """Three panels against FLOPs: the discriminator / prior, the nats below unigram at [MASK],
+  and POS from each checkpoint with the fitted lines drawn on to their crossing (when it is
+  within 1000x of the measured FLOPs)."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, axes = plt.subplots(1, 3, figsize=(16, 4.4))
+  colors = {"mlm": "tab:blue", "electra": "tab:red"}
+  styles = {0: "-", 1: "--"}
+  for (obj, seed), rows in curves.items():
+    xs = [r["flops"] for r in rows]
+    if obj == "electra":
+      axes[0].plot(xs, [r.get("disc_vs_prior", math.nan) for r in rows], styles[seed],
+                   color=colors[obj], label=f"ELECTRA seed {seed}")
+      if math.isfinite(exits[(obj, seed)]):
+        axes[0].axvline(exits[(obj, seed)], color=colors[obj], ls=":", lw=1)
+    axes[1].plot(xs, [r.get("gap_at_mask", math.nan) for r in rows], styles[seed],
+                 color=colors[obj],
+                 label=f"{'MLM' if obj == 'mlm' else 'ELECTRA generator'} seed {seed}")
+  axes[0].axhline(report.RTD_STALL_RATIO, color="grey", ls=":", lw=1)
+  axes[0].set(title="discriminator loss / prior entropy (held out)", ylabel="ratio")
+  axes[1].axhline(report.STALL_GAP, color="grey", ls=":", lw=1)
+  axes[1].set(title="nats below unigram at [MASK] (held out)", ylabel="nats")
+  for (obj, seed), rows in ds.items():
+    fps = curves[(obj, seed)][-1]["flops"] / curves[(obj, seed)][-1]["step"] if curves[
+        (obj, seed)] else math.nan
+    pts = [(step * fps, statistics.median(v)) for _, step, v in rows if v]
+    if pts:
+      axes[2].plot(*zip(*pts), styles[seed], marker="o", color=colors[obj],
+                   label=f"{obj} seed {seed} (median of 3)")
+  if fits:
+    measured = [r["flops"] for rows in curves.values() for r in rows]
+    lo, hi = math.log10(min(measured)), math.log10(max(measured))
+    end = x_cross if math.isfinite(x_cross) and x_cross - hi < 3 else hi
+    xs = np.linspace(lo, max(hi, end), 50)
+    for o, (slope, intercept) in fits.items():
+      axes[2].plot(10 ** xs, slope * xs + intercept, ":", color=colors[o], lw=1.2,
+                   label=f"{o}: fitted line")
+    if end > hi:
+      axes[2].plot(10 ** x_cross, fits["mlm"][0] * x_cross + fits["mlm"][1], "kx", ms=9,
+                   label=f"crossing {10 ** x_cross:.2g} FLOPs (extrapolated)")
+  axes[2].set(title=f"{task} test accuracy from each checkpoint", ylabel="accuracy")
+  for ax in axes:
+    ax.set_xscale("log")
+    ax.set_xlabel("training FLOPs")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+  fig.suptitle("ELECTRA vs MLM at equal training FLOPs (grid electra_curve)")
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+  f = flags.FLAGS
+  t0 = time.time()
+  provenance.pin_git_state()
+  out = pathlib.Path(f.out)
+  print(analyse(pathlib.Path(f.workdir), out, f.task, f.resamples))
+  provenance.record_tool(out, "experiments.crossing",
+                         {k: f[k].value for k in ("workdir", "out", "task", "resamples")},
+                         (time.time() - t0) / 60)
+
+
+if __name__ == "__main__":
+  from encoder_jax import cli  # pylint: disable=g-import-not-at-top
+  define_flags()
+  cli.run(main, "experiments.crossing")
