@@ -24,6 +24,8 @@ import pathlib
 import statistics
 from typing import Any, Sequence
 
+import numpy as np
+
 from experiments import grids, provenance, runner
 from experiments.grid import Grid, Point
 
@@ -195,7 +197,7 @@ def markdown(grid: Grid, rows: list[dict]) -> str:
     lines.append("| " + " | ".join(map(str, cells)) + " |")
   keys = sorted({r["curve_key"] for r in rows if r["curve_key"]})
   if "seed" in axes:
-    lines += ["", *seed_table(grid, rows, tasks)]
+    lines += ["", *seed_table(grid, rows, tasks), *difference_table(grid, rows, tasks)]
   lines += ["", f"At [MASK]: held-out scores at the targets whose input was [MASK] (the MLM "
             "head, or ELECTRA's generator), against the unigram baseline on the same positions; "
             f"a point less than {STALL_GAP} nats below it never left the plateau (\"stalled\"). "
@@ -246,6 +248,65 @@ def seed_table(grid: Grid, rows: list[dict], tasks: list[str]) -> list[str]:
     for t in tasks:
       pooled = [v for r in group for v in r.get(f"_{t}_scores", [])]
       cells.append(f"{_spread(pooled)}, {len(pooled)}" if pooled else "–")
+    lines.append("| " + " | ".join(map(str, cells)) + " |")
+  return lines
+
+
+def hierarchical_means(scores: Sequence[Sequence[float]], resamples: int,
+                       rng: np.random.Generator) -> np.ndarray:
+  """Bootstrap distribution of an arm's pooled mean: scores[pre-training seed] holds that
+  seed's fine-tuning scores (one value for a pre-training measure). Each resample draws the
+  pre-training seeds with replacement, then fine-tuning seeds with replacement within each
+  drawn seed (both sources of noise, the between-seed one kept whole)."""
+  n_ft = min(len(v) for v in scores)
+  arr = np.array([list(v)[:n_ft] for v in scores], dtype=float)  # [pre-training, fine-tuning]
+  pre = rng.integers(0, arr.shape[0], size=(resamples, arr.shape[0]))
+  ft = rng.integers(0, n_ft, size=(resamples, arr.shape[0], n_ft))
+  return arr[pre[:, :, None], ft].mean(axis=(1, 2))
+
+
+def difference_table(grid: Grid, rows: list[dict], tasks: list[str], resamples: int = 10000,
+                     seed: int = 0) -> list[str]:
+  """Each arm minus the first (the grid's reference arm): the difference of pooled means of the
+  held-out nats below unigram at [MASK] and of each task, with a 95% interval from
+  `hierarchical_means` (arms resampled independently). An interval that excludes 0 is marked
+  *. With 2 pre-training seeds an arm's seeds resample to three distinct pairs, which narrows
+  the interval: a marked difference is a lead, an unmarked one is "not separable here"."""
+  axes = [a for a in grid.points[0].labels if a != "seed"]
+  arms: dict[tuple, list[dict]] = {}
+  for r in rows:
+    if r["status"] in ("done", "stalled"):
+      arms.setdefault(tuple(r[a] for a in axes), []).append(r)
+  measures = [("gap_at_mask", "nats below unigram at [MASK]")] + [(t, t) for t in tasks]
+
+  def scores(group, m):
+    if m == "gap_at_mask":
+      return [[r[m]] for r in group if m in r and not math.isnan(r[m])]
+    return [r[f"_{m}_scores"] for r in group if r.get(f"_{m}_scores")]
+  ref_key, *others = list(arms) or [None]
+  if not others or len(arms[ref_key]) < 2:
+    return []
+  rng = np.random.default_rng(seed)
+  ref_name = ",".join(f"{a}={v}" for a, v in zip(axes, ref_key))
+  head = axes + [f"{label}: difference [95% interval]" for _, label in measures]
+  lines = ["", f"#### Differences from {ref_name}", "",
+           f"Pooled mean of each arm minus {ref_name}'s, with a 95% interval from {resamples:,} "
+           "hierarchical bootstrap resamples (pre-training seeds, then fine-tuning seeds within "
+           "each; * where it excludes 0).", "", "| " + " | ".join(head) + " |",
+           "|" + "---|" * len(head)]
+  for key in others:
+    cells = list(key)
+    for m, _ in measures:
+      a, b = scores(arms[key], m), scores(arms[ref_key], m)
+      if not a or not b:
+        cells.append("–")
+        continue
+      diff = (statistics.mean(statistics.mean(v) for v in a)
+              - statistics.mean(statistics.mean(v) for v in b))
+      boot = hierarchical_means(a, resamples, rng) - hierarchical_means(b, resamples, rng)
+      lo, hi = np.percentile(boot, [2.5, 97.5])
+      mark = "*" if lo > 0 or hi < 0 else ""
+      cells.append(f"{diff:+.4f} [{lo:+.4f}, {hi:+.4f}]{mark}")
     lines.append("| " + " | ".join(map(str, cells)) + " |")
   return lines
 

@@ -8,6 +8,7 @@ import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from experiments import grids, provenance, report, runner
@@ -86,7 +87,7 @@ def test_grid_flops_count_the_configs_vocab(tmp_path):
 
 def test_nsp_grid_formats_and_equal_tokens():
   g = grids.nsp_formats("demo")
-  assert len(g.points) == 4 * 2  # four formats x two pre-training seeds
+  assert len(g.points) == 4 * 4  # four formats x four pre-training seeds
   cfgs = {p.labels["format"]: p.config() for p in g.points}
   assert cfgs["segment_pair+nsp"].objective.sentence_task == "nsp"
   assert cfgs["full_sentences"].objective.sentence_task == "none"
@@ -290,6 +291,30 @@ def test_report_marks_points_at_the_unigram_baseline_and_pools_pretraining_seeds
   md = report.markdown(grid, rows)
   # both pre-training seeds' fine-tuning scores (0.6, 0.7 each) pooled: n = 4
   assert "| mlm | 2 (done, stalled) |" in md and "0.6500 [0.6000, 0.7000], 4" in md
+
+
+def test_hierarchical_bootstrap_keeps_between_seed_noise_and_marks_real_differences():
+  rng = np.random.default_rng(0)
+  # no noise at all: every resample is the mean
+  assert np.allclose(report.hierarchical_means([[0.7, 0.7], [0.7, 0.7]], 100, rng), 0.7)
+  # two pre-training seeds far apart, no fine-tuning noise: resamples are 0.6, 0.7 or 0.8
+  # (drawing the seeds, not pooling 4 scores as if independent: that would give 5 values)
+  m = report.hierarchical_means([[0.6, 0.6], [0.8, 0.8]], 4000, rng)
+  assert sorted(set(np.round(m, 6))) == pytest.approx([0.6, 0.7, 0.8])
+  # an arm's difference from the first arm, with * where the interval excludes 0
+  grid = Grid("g", "diff", expand({"arm": ["a", "b", "c"], "seed": [0, 1]}, lambda v: PointSpec(
+      "size=tiny,objective=mlm", {"train.steps": 8, "seed": v["seed"]})))
+  base = {"a": 0.70, "b": 0.75, "c": 0.70}
+  rows = [dict(arm=p.labels["arm"], seed=p.labels["seed"], status="done",
+               gap_at_mask=1.0 + 0.1 * int(p.labels["seed"]),
+               _pos_scores=[base[p.labels["arm"]] + d for d in (-0.01, 0.0, 0.01)])
+          for p in grid.points]
+  lines = report.difference_table(grid, rows, ["pos"], resamples=2000)
+  assert lines[1] == "#### Differences from arm=a"
+  b, c = lines[-2], lines[-1]
+  assert b.startswith("| b | +0.0000 [") and "| +0.0500 [+0.04" in b and b.endswith("]* |")
+  assert c.startswith("| c | +0.0000 [") and not c.endswith("* |")
+  assert report.difference_table(grid, rows[:1], ["pos"]) == []  # one arm: nothing to compare
 
 
 def test_electra_points_are_judged_by_the_discriminator_against_its_prior(tmp_path):
