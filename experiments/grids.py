@@ -530,11 +530,14 @@ def dry_run(grid: Grid) -> Grid:
   """`grid` shrunk to a few CPU seconds per point (DRY_RUN_*) with one point per code path
   (points that differ only in DRY_RUN_SHARED_AXES are dropped after the first): names and
   axes unchanged, so the runner, the in-process executor and the report are exercised end to
-  end. Each point costs mostly its compiles, so this keeps the whole dry run in CI time."""
-  def shrink(p: Point) -> Point:
+  end. Each point costs mostly its compiles, so this keeps the whole dry run in CI time: a
+  point fine-tunes one of its tasks, the next point the next task, so every task and every
+  point's checkpoint is exercised at half the fine-tuning."""
+  def shrink(p: Point, i: int) -> Point:
+    jobs = [j for j in p.finetune if j.at_fraction == 1]  # 3 steps: one checkpoint
     finetune = tuple(dataclasses.replace(j, seeds=1, overrides={**j.overrides,
                                                                 **DRY_RUN_FINETUNE})
-                     for j in p.finetune if j.at_fraction == 1)  # 3 steps: one checkpoint
+                     for j in (jobs[i % len(jobs):][:1] if jobs else ()))
     warmup = min(p.config().optim.warmup_steps, 1)
     return make_point(p.labels, PointSpec(p.pretrain_arg, {
         **p.overrides, **DRY_RUN_PRETRAIN, "optim.warmup_steps": warmup}, finetune))
@@ -543,5 +546,5 @@ def dry_run(grid: Grid) -> Grid:
     family = tuple((k, v) for k, v in p.labels.items() if k not in DRY_RUN_SHARED_AXES)
     if family not in seen:
       seen.add(family)
-      points.append(shrink(p))
+      points.append(shrink(p, len(points)))
   return dataclasses.replace(grid, points=tuple(points), title=grid.title + " [dry run]")

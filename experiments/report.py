@@ -130,10 +130,10 @@ def collect(grid: Grid, workdir, points: Sequence[Point] | None = None) -> list[
             else row.get("gap_at_mask", math.inf) < STALL_GAP)):
       row["status"] = "stalled"
     row["wall_s"] = summary.get("total_wall_s", math.nan)
-    for job in point.finetune:
-      res = _read_json(pdir / job.dirname / "results.json")
+    jobs = {j.key: j for j in point.finetune}
+    for name in job_keys(grid):  # a job the point does not have: no scores
+      res = _read_json(pdir / jobs[name].dirname / "results.json") if name in jobs else None
       skey, vals = seed_scores(res or {})
-      name = job.key
       row[f"{name}_median"] = statistics.median(vals) if vals else math.nan
       row[f"{name}_min"] = min(vals) if vals else math.nan
       row[f"{name}_max"] = max(vals) if vals else math.nan
@@ -172,9 +172,17 @@ def _fmt(v: Any) -> str:
   return str(v)
 
 
+def job_keys(grid: Grid, final_only: bool = False) -> list[str]:
+  """The fine-tuning jobs' report names over all points, in first-seen order (a dry run's
+  points fine-tune different tasks)."""
+  keys = [j.key for p in grid.points for j in p.finetune
+          if not final_only or j.at_fraction == 1]
+  return list(dict.fromkeys(keys))
+
+
 def markdown(grid: Grid, rows: list[dict]) -> str:
   axes = list(grid.points[0].labels) if grid.points else []
-  tasks = [j.key for j in (grid.points[0].finetune if grid.points else ())]
+  tasks = job_keys(grid)
   head = axes + ["status", "steps", "train FLOPs", "final train loss", "final eval loss"]
   extra = [k for k in ("eval_mlm_accuracy", "eval_gen_accuracy", "eval_main_accuracy",
                        "eval_disc_accuracy", "eval_disc_precision", "eval_disc_recall",
@@ -361,8 +369,7 @@ def plot_loss(grid: Grid, workdir, path: pathlib.Path, points=None) -> None:
 def plot_downstream(grid: Grid, rows: list[dict], path: pathlib.Path) -> bool:
   """Downstream median (seed min-max as error bars) vs pre-training FLOPs, one panel per task
   (final checkpoints only: a grid's learning curves are experiments.crossing's plots)."""
-  tasks = [j.key for j in (grid.points[0].finetune if grid.points else ())
-           if j.at_fraction == 1]
+  tasks = job_keys(grid, final_only=True)
   if not tasks:
     return False
   import matplotlib

@@ -12,8 +12,9 @@ generator_size; each at --scale=demo (this repo's CPU reproductions), --scale=gp
 H100/H200, ~9 min for the first four) or --scale=base (BERT-base, for a TPU pod / GPU cluster);
 and electra_curve (demo scale only: MLM vs ELECTRA along one long run each, analysed by
 `python -m experiments.crossing`). --grid takes one name, a comma-separated list, or `all` (the
-four main grids; generator_size and electra_curve are named explicitly). `run` executes unfinished points in order and skips finished ones: kill it at
-any time and run the same command again. The report goes to --out (default
+four main grids; generator_size and electra_curve are named explicitly). `run` executes
+unfinished points in order and skips finished ones: kill it at any time and run the same
+command again. The report goes to --out (default
 experiments/results/<grid>, <grid>_gpu or <grid>_base, where committed results live); `run`,
 `report` and `plan` append what produced it (git commit and dirty files, date, command line,
 the grid's configs, host, jax/flax/optax versions) to <out>/provenance.json, one record per

@@ -116,14 +116,16 @@ def test_dry_run_keeps_one_point_per_code_path_and_shrinks_it():
   assert {p.labels["warmup"]: p.config().optim.warmup_steps for p in n.points} == {
       "0": 0, "10pct": 1}
   by_name = {p.name: p for p in g.points}
+  # each point fine-tunes one task, taking turns: every task and every checkpoint is exercised
+  assert [[(j.task, j.seeds, j.overrides["max_train_examples"]) for j in b.finetune]
+          for b in d.points] == [[("rotten_tomatoes", 1, 16)], [("brown_pos", 1, 16)]] * 2 + [
+              [("rotten_tomatoes", 1, 16)]]
   for b in d.points:
     a = by_name[b.name]
     cfg = b.config()
     assert b.steps == 3 and cfg.model.num_layers == 1 and cfg.model.dtype == "float32"
     assert cfg.objective.objective == a.config().objective.objective
     assert cfg.train.flops_budget == a.config().train.flops_budget
-    assert [(j.task, j.seeds, j.overrides["max_train_examples"]) for j in b.finetune] == [
-        ("rotten_tomatoes", 1, 16), ("brown_pos", 1, 16)]
     assert b.flops_per_step == flops_per_step(cfg) < a.flops_per_step / 1000
 
 
@@ -136,8 +138,8 @@ def test_gpu_plan_prints_the_estimate():
 
 def test_finetune_config_in_process_matches_the_command(tmp_path):
   from configs import finetune as finetune_lib
-  p = grids.dry_run(grids.nsp_formats("gpu")).points[0]
-  job = p.finetune[1]
+  p = grids.dry_run(grids.nsp_formats("gpu")).points[1]
+  (job,) = p.finetune
   cfg = runner.finetune_config(p, job, tmp_path)
   cmd = runner.finetune_command(p, job, tmp_path)
   ref = finetune_lib.get_config(next(a for a in cmd if a.startswith("--config=")).partition(":")[2])
@@ -210,9 +212,11 @@ def test_gpu_grids_script_dry_run_end_to_end(tmp_path):
     full = grids.get_grid(name, "gpu").points
     kept = [p.name for p in grids.dry_run(grids.get_grid(name, "gpu")).points]
     assert [r["point"] for r in rows] == kept and 0 < len(kept) <= len(full)
-    for r in rows:  # 3 steps leave every point on the plateau: done, but "stalled"
+    for i, r in enumerate(rows):  # 3 steps leave every point on the plateau: "stalled"
       assert r["status"] in ("done", "stalled") and r["steps"] == "3", r
-      assert r["rotten_tomatoes_seeds"] == r["brown_pos_seeds"] == "1", r
+      # the points take turns at the two tasks, one fine-tuning seed each
+      assert (r["rotten_tomatoes_seeds"], r["brown_pos_seeds"]) == (
+          ("1", "0") if i % 2 == 0 else ("0", "1")), r
     # what produced it heads the report, from the record the run appended (experiments.provenance)
     md = (out / "results.md").read_text()
     assert md.startswith("**Produced by** commit ") and "\n### " in md
