@@ -74,33 +74,50 @@ def test_the_layers_trace_the_platform_of_their_config(monkeypatch):
 
 # --------------------------------------------------------------- compiled with libtpu
 
+# One subprocess compiles every case below: starting Python, JAX and libtpu costs about as
+# much as a compile (each case took 17-25 s in its own process, the default BERT-base config
+# no more than the mini one).
 _SCRIPT = r"""
 import json, re, sys
 import jax
 from jax.experimental import topologies
 from configs import pretrain
 from encoder_jax.train import compile_check as cc
-config = pretrain.get_config(sys.argv[1])
-config.data.vocab = "demo"  # committed with the package: no fetch
-config.data.batch_size = 32
-if len(sys.argv) > 3:
-  config.mesh = sys.argv[3]
-devices = topologies.get_topology_desc(platform="tpu", topology_name=sys.argv[2]).devices
-compiled, s, _, _, mesh, secs = cc.compile_train_step(config, devices)
-hlo = compiled.as_text()
-dots = re.findall(r"= (\w+)\[[^\]]*\][^ ]* (?:convolution|dot)\(", hlo)
-a = cc.analyze(compiled)
-print(json.dumps(dict(
-    kind=devices[0].device_kind, platform=s.model_cfg.platform, dtype=s.model_cfg.dtype,
-    scan=s.model_cfg.scan_layers, remat=s.model_cfg.remat_policy,
-    program=cc.describe_program(s.model_cfg), dots=dots, while_loops=hlo.count(" while("),
-    explicit="attention_explicit" in hlo, xla_attention="attention_xla" in hlo,
-    pallas="attention_pallas" in hlo, mosaic='custom_call_target="tpu_custom_call"' in hlo,
-    mesh=dict(mesh.shape), analysis=a, secs=secs)))
+for case in json.loads(sys.argv[1]):
+  jax.config.update("jax_default_prng_impl", case.get("prng", "threefry2x32"))
+  config = pretrain.get_config(case["arg"])
+  config.data.vocab = "demo"  # committed with the package: no fetch
+  config.data.batch_size = 32
+  if case.get("mesh"):
+    config.mesh = case["mesh"]
+  devices = topologies.get_topology_desc(platform="tpu", topology_name=case["topology"]).devices
+  compiled, s, _, _, mesh, secs = cc.compile_train_step(config, devices)
+  hlo = compiled.as_text()
+  dots = re.findall(r"= (\w+)\[[^\]]*\][^ ]* (?:convolution|dot)\(", hlo)
+  a = cc.analyze(compiled)
+  print(json.dumps(dict(
+      case=case["name"], kind=devices[0].device_kind, platform=s.model_cfg.platform,
+      dtype=s.model_cfg.dtype, scan=s.model_cfg.scan_layers, remat=s.model_cfg.remat_policy,
+      program=cc.describe_program(s.model_cfg), dots=dots, while_loops=hlo.count(" while("),
+      explicit="attention_explicit" in hlo, xla_attention="attention_xla" in hlo,
+      pallas="attention_pallas" in hlo, mosaic='custom_call_target="tpu_custom_call"' in hlo,
+      rbg="rng-bit-generator(" in hlo, mesh=dict(mesh.shape), analysis=a, secs=secs)),
+      flush=True)
 """
 
+# name -> the pretrain config argument, the TPU topology, and optionally a mesh / PRNG.
+_CASES = {
+    "default": dict(arg="", topology="v5e:2x2"),
+    "pallas": dict(arg="dropout=none", topology="v4:2x2x1"),
+    "untileable_rows": dict(arg="dropout=none,runlocal", topology="v5e:2x2"),
+    "rbg": dict(arg="dropout=none", topology="v5e:2x2", prng="rbg"),
+    "fsdp": dict(arg="size=mini", topology="v5e:2x2", mesh="1,-1,1"),
+}
 
-def _compile(arg, topology, mesh=None, **env_extra):
+
+@pytest.fixture(scope="module")
+def compiled():
+  """{case name: what _SCRIPT reports}, every case compiled in one subprocess."""
   if not LIBTPU or not pathlib.Path(LIBTPU, "libtpu").is_dir():
     pytest.skip("libtpu is not installed: run the suite with `bash run.sh test`, which "
                 "installs it (pip: libtpu==0.0.42.1, the TPU compiler of jax[tpu]==0.10.2) "
@@ -109,19 +126,20 @@ def _compile(arg, topology, mesh=None, **env_extra):
   # compile-only process needs no exclusive TPU.
   env = dict(os.environ, PYTHONPATH=f"{LIBTPU}:{ROOT}", JAX_PLATFORMS="cpu",
              ALLOW_MULTIPLE_LIBTPU_LOAD="1",
-             XLA_FLAGS="",  # the suite's fake-CPU-device flags mean nothing to a TPU compile
-             **env_extra)
-  argv = [sys.executable, "-c", _SCRIPT, arg, topology, *([mesh] if mesh else [])]
-  proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+             XLA_FLAGS="")  # the suite's fake-CPU-device flags mean nothing to a TPU compile
+  cases = [dict(name=k, **v) for k, v in _CASES.items()]
+  proc = subprocess.run([sys.executable, "-c", _SCRIPT, json.dumps(cases)], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  return json.loads(proc.stdout.strip().splitlines()[-1])
+  out = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+  return {r["case"]: r for r in out}
 
 
-def test_default_config_compiles_to_the_bf16_scanned_tpu_program():
+def test_default_config_compiles_to_the_bf16_scanned_tpu_program(compiled):
   """configs/pretrain.py with no arguments, compiled for a v5e slice from this CPU: bf16
   activations and matmuls, scanned layers with dots remat, BERT's attention dropout on the
   explicit path; the HLO's matmuls are bf16 x bf16 and the layers are one while loop."""
-  r = _compile("", "v5e:2x2")
+  r = compiled["default"]
   assert r["kind"] == "TPU v5 lite" and r["platform"] == "tpu"
   assert (r["dtype"], r["scan"], r["remat"]) == ("bfloat16", True, "dots")
   bf16 = sum(d == "bf16" for d in r["dots"])
@@ -134,33 +152,34 @@ def test_default_config_compiles_to_the_bf16_scanned_tpu_program():
   assert 0 < r["analysis"]["optimal_seconds"] < 1.0
 
 
-def test_without_attention_dropout_the_tpu_step_runs_the_pallas_flash_kernel():
+def test_without_attention_dropout_the_tpu_step_runs_the_pallas_flash_kernel(compiled):
   """auto on a TPU: the Pallas flash-attention kernel (a Mosaic custom call), inside
   shard_map over the 8 devices of a v4-8; rows of 128 tile its blocks."""
-  r = _compile("dropout=none", "v4:2x2x1")
+  r = compiled["pallas"]
   assert r["kind"] == "TPU v4" and r["dtype"] == "bfloat16"
   assert "training attention pallas" in r["program"]
   assert r["pallas"] and r["mosaic"] and not r["explicit"] and not r["xla_attention"]
 
 
-def test_rows_the_kernel_cannot_tile_fall_back_to_xla_attention():
-  r = _compile("dropout=none,runlocal", "v5e:2x2")  # the demo's rows of 64 tokens, ALiBi
+def test_rows_the_kernel_cannot_tile_fall_back_to_xla_attention(compiled):
+  r = compiled["untileable_rows"]  # the demo's rows of 64 tokens, ALiBi
   assert r["xla_attention"] and not r["pallas"] and not r["mosaic"]
 
 
-def test_the_cost_model_estimate_survives_custom_calls_it_prices_at_minus_one():
+def test_the_cost_model_estimate_survives_custom_calls_it_prices_at_minus_one(compiled):
   """With the rbg PRNG (MaxText's choice on TPU) the step holds X64Combine custom calls,
   which XLA's TPU cost model prices at -1 s each, like ConcatBitcast: raw optimal_seconds is
   negative; analyze() adds them back to a real estimate."""
-  r = _compile("dropout=none", "v5e:2x2", JAX_DEFAULT_PRNG_IMPL="rbg")
+  r = compiled["rbg"]
+  assert r["rbg"] and not compiled["pallas"]["rbg"]  # the PRNG switch reached the program
   assert 0 < r["analysis"].get("optimal_seconds", -1) < 1.0, r["analysis"]
 
 
-def test_fsdp_gathers_parameters_and_reduce_scatters_gradients():
+def test_fsdp_gathers_parameters_and_reduce_scatters_gradients(compiled):
   """Under FSDP the TPU program all-gathers the parameters and reduce-scatters the gradients
   (XLA's TPU backend writes a reduce-scatter as a fusion calling an all-reduce-scatter
   computation; compile_check.collectives counts it as one)."""
-  r = _compile("size=mini", "v5e:2x2", mesh="1,-1,1")
+  r = compiled["fsdp"]
   assert r["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
   assert r["analysis"].get("n_reduce_scatter", 0) >= 1, r["analysis"]
   assert r["analysis"].get("n_all_gather", 0) >= 1, r["analysis"]
