@@ -20,7 +20,8 @@ fine-tuned with 3 seeds from the checkpoints at 1/4, 1/2, 3/4 and the end) and w
   and the FLOPs where the two lines meet, with a 95% interval from a hierarchical bootstrap
   (pre-training seeds, then fine-tuning seeds within each);
 * crossing.png: the three curves against FLOPs (log scale), the fitted lines drawn on to
-  the crossing;
+  the crossing, and a random init of the same shape fine-tuned the same way
+  (--random_reference: the line below which a checkpoint's pre-training has not yet helped);
 * provenance.json: the command, flags, commit and host (experiments.provenance).
 
 The extrapolation rests on the log-linear trend of four checkpoints of one schedule each (the
@@ -49,6 +50,10 @@ def define_flags() -> None:
   flags.DEFINE_string("out", "experiments/results/electra_curve", "Report directory.")
   flags.DEFINE_string("task", "brown_pos", "The fine-tuning task along the curve.")
   flags.DEFINE_integer("resamples", 10000, "Hierarchical bootstrap resamples (seed 0).")
+  flags.DEFINE_bool("random_reference", True, "Also fine-tune a random init of the runs' shape "
+                    "on --task with the same recipe and seeds (~1 min on 2 cores, kept in "
+                    "<workdir>/random_<task>/ and reused): the line ELECTRA must clear before "
+                    "its pre-training helps at all.")
 
 
 # ------------------------------------------------------------------ reading the runs
@@ -93,6 +98,25 @@ def downstream(point, pdir: pathlib.Path, task: str) -> list[tuple[float, int, l
   return sorted(out)
 
 
+def random_reference(workdir: pathlib.Path, task: str) -> list[float]:
+  """`task`'s per-seed test scores of a random init of the grid's shape, fine-tuned as the
+  grid's jobs are (the main job's recipe, configs/finetune.py run=demo, 3 seeds); the run is
+  kept and reused while its config is unchanged."""
+  from encoder_jax import demo  # pylint: disable=g-import-not-at-top
+  from encoder_jax.finetune.run import finetune_and_evaluate  # pylint: disable=g-import-not-at-top
+  grid = grids.get_grid("electra_curve")
+  point = grid.points[0]
+  job = next(j for j in point.finetune if j.task == task and j.at_fraction == 1)
+  pdir = pathlib.Path(runner.point_dir(workdir, point)) / "pretrain"
+  config = demo.finetune_config(task, "random", pdir, seeds=job.seeds)
+  out = workdir / f"random_{task}"
+  res = demo.finished(config, out)
+  if res is None:
+    finetune_and_evaluate(config, str(out))
+    res = report._read_json(out / "results.json") or {}  # pylint: disable=protected-access
+  return report.seed_scores(res)[1]
+
+
 # ------------------------------------------------------------------ the crossing
 
 def fit_line(log_flops: np.ndarray, ys: np.ndarray) -> tuple[float, float]:
@@ -129,7 +153,8 @@ def bootstrap(scores: dict[str, np.ndarray], log_flops: np.ndarray, resamples: i
   with np.errstate(divide="ignore", invalid="ignore"):
     cross = np.where(rises, (inter["mlm"] - inter["electra"]) / (slopes["electra"] -
                                                                   slopes["mlm"]), np.nan)
-  return {"deficit": means["mlm"] - means["electra"], "crossing": cross}
+  return {"deficit": means["mlm"] - means["electra"], "crossing": cross,
+          "electra_slope": slopes["electra"], "electra_intercept": inter["electra"]}
 
 
 def _pct(a: np.ndarray) -> tuple[float, float]:
@@ -139,8 +164,9 @@ def _pct(a: np.ndarray) -> tuple[float, float]:
 # ------------------------------------------------------------------ the report
 
 def analyse(workdir: pathlib.Path, out: pathlib.Path, task: str = "brown_pos",
-            resamples: int = 10000) -> str:
-  """Writes curve.csv, downstream.csv, crossing.md and crossing.png; returns crossing.md."""
+            resamples: int = 10000, random_scores: Sequence[float] = ()) -> str:
+  """Writes curve.csv, downstream.csv, crossing.md and crossing.png; returns crossing.md.
+  `random_scores`: a random init's fine-tuning scores on `task` (random_reference), if any."""
   grid = grids.get_grid("electra_curve")
   out.mkdir(parents=True, exist_ok=True)
   curves, ds, status = {}, {}, {}
@@ -270,15 +296,31 @@ def analyse(workdir: pathlib.Path, out: pathlib.Path, task: str = "brown_pos",
         cells.append(f"{statistics.median(vals):.4f} [{min(vals):.4f}, {max(vals):.4f}], "
                      f"n={len(vals)}" if vals else "–")
       lines.append(f"| {frac:g} | | {cells[0]} | {cells[1]} | (incomplete) |")
+  if random_scores:
+    level = statistics.mean(random_scores)
+    lines += ["", f"A random init of the same shape, fine-tuned the same way: {task} "
+              f"{statistics.median(random_scores):.4f} [{min(random_scores):.4f}, "
+              f"{max(random_scores):.4f}] (median [min, max], {len(random_scores)} seeds)."]
+    if fits and fits["electra"][0] > 0:
+      x_rand = (level - fits["electra"][1]) / fits["electra"][0]
+      with np.errstate(divide="ignore", invalid="ignore"):
+        xs = np.where(boot["electra_slope"] > 0, (level - boot["electra_intercept"])
+                      / boot["electra_slope"], np.inf)
+      lo, hi = _pct(xs)
+      upper = "never" if math.isinf(hi) else f"{10 ** hi:.2g}"
+      lines.append(f"ELECTRA's line reaches the random init's mean ({level:.4f}) at "
+                   f"**{10 ** x_rand:.2g} FLOPs** (95% interval [{10 ** lo:.2g}, {upper}]): "
+                   "before that its pre-training has not yet helped this task at all.")
   lines += fit_text
-  plot(curves, ds, out / "crossing.png", task, exits, fits, x_cross)
+  plot(curves, ds, out / "crossing.png", task, exits, fits, x_cross, random_scores)
   lines += ["", "![curves](crossing.png)"]
   text = "\n".join(lines) + "\n"
   (out / "crossing.md").write_text(text)
   return text
 
 
-def plot(curves, ds, path: pathlib.Path, task: str, exits, fits, x_cross: float) -> None:
+def plot(curves, ds, path: pathlib.Path, task: str, exits, fits, x_cross: float,
+         random_scores: Sequence[float] = ()) -> None:
   """Three panels against FLOPs: the discriminator / prior, the nats below unigram at [MASK],
   and POS from each checkpoint with the fitted lines drawn on to their crossing (when it is
   within 1000x of the measured FLOPs)."""
@@ -320,6 +362,9 @@ def plot(curves, ds, path: pathlib.Path, task: str, exits, fits, x_cross: float)
     if end > hi:
       axes[2].plot(10 ** x_cross, fits["mlm"][0] * x_cross + fits["mlm"][1], "kx", ms=9,
                    label=f"crossing {10 ** x_cross:.2g} FLOPs (extrapolated)")
+  if random_scores:
+    axes[2].axhline(statistics.median(random_scores), color="grey", ls="--", lw=1,
+                    label="random init (median of 3)")
   axes[2].set(title=f"{task} test accuracy from each checkpoint", ylabel="accuracy")
   for ax in axes:
     ax.set_xscale("log")
@@ -338,10 +383,12 @@ def main(argv):
   f = flags.FLAGS
   t0 = time.time()
   provenance.pin_git_state()
-  out = pathlib.Path(f.out)
-  print(analyse(pathlib.Path(f.workdir), out, f.task, f.resamples))
+  out, workdir = pathlib.Path(f.out), pathlib.Path(f.workdir)
+  scores = random_reference(workdir, f.task) if f.random_reference else []
+  print(analyse(workdir, out, f.task, f.resamples, scores))
   provenance.record_tool(out, "experiments.crossing",
-                         {k: f[k].value for k in ("workdir", "out", "task", "resamples")},
+                         {k: f[k].value for k in ("workdir", "out", "task", "resamples",
+                                                  "random_reference")},
                          (time.time() - t0) / 60)
 
 

@@ -76,7 +76,11 @@ def _fabricate(workdir: pathlib.Path, mlm_line, electra_line, exit_flops: float)
 
 def test_analysis_of_fabricated_runs_finds_the_planted_exit_and_crossing(tmp_path):
   grid = _fabricate(tmp_path / "runs", (0.02, 0.65), (0.10, -0.40), exit_flops=2e13)
-  text = crossing.analyse(tmp_path / "runs", tmp_path / "out", resamples=200)
+  text = crossing.analyse(tmp_path / "runs", tmp_path / "out", resamples=200,
+                          random_scores=[0.88, 0.887, 0.89])
+  assert "fine-tuned the same way: brown_pos 0.8870 [0.8800, 0.8900]" in text
+  # ELECTRA's line 0.10x - 0.40 reaches the random init's mean 0.8857 at x = 12.857
+  assert f"random init's mean (0.8857) at **{10 ** ((0.40 + 0.88567) / 0.10):.2g} FLOPs**" in text
   for p in grid.points:
     assert runner.status(tmp_path / "runs", p) == "done"
   # the lines 0.02x + 0.65 and 0.10x - 0.40 meet at x = 13.125
