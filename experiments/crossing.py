@@ -16,15 +16,15 @@ fine-tuned with 3 seeds from the checkpoints at 1/4, 1/2, 3/4 and the end) and w
 * crossing.md: where each discriminator's ratio first falls to experiments.report's
   RTD_STALL_RATIO (0.95, "left its prior") and each MLM run's gap first reaches STALL_GAP (0.1
   nats), both interpolated in log FLOPs between evaluations; POS per objective at each
-  checkpoint with ELECTRA's deficit; a line fitted to POS against log10 FLOPs per objective
-  and the FLOPs where the two lines meet, with a 95% interval from a hierarchical bootstrap
-  (pre-training seeds, then fine-tuning seeds within each);
+  checkpoint with ELECTRA's deficit; a power law fitted to each objective's POS error rate
+  against FLOPs and the FLOPs where the two meet, with a 95% interval from a hierarchical
+  bootstrap (pre-training seeds, then fine-tuning seeds within each);
 * crossing.png: the three curves against FLOPs (log scale), the fitted lines drawn on to
   the crossing, and a random init of the same shape fine-tuned the same way
   (--random_reference: the line below which a checkpoint's pre-training has not yet helped);
 * provenance.json: the command, flags, commit and host (experiments.provenance).
 
-The extrapolation rests on the log-linear trend of four checkpoints of one schedule each (the
+The extrapolation rests on the power-law trend of four checkpoints of one schedule each (the
 first three taken before the learning rate has decayed) and on 2 pre-training seeds; a crossing
 far beyond the measured FLOPs is a trend, not a measurement, and crossing.md says how far.
 """
@@ -89,10 +89,13 @@ def first_crossing(xs: Sequence[float], ys: Sequence[float], level: float,
 def downstream(point, pdir: pathlib.Path, task: str) -> list[tuple[float, int, list[float]]]:
   """(fraction, step, per-seed test scores) of each `task` job of the point, in run order."""
   out = []
+  # the run's last step (a FLOPs budget may end it a step before point.steps)
+  last = (report._read_json(pdir / "pretrain" / "summary.json") or {}).get(  # pylint: disable=protected-access
+      "steps", point.steps)
   for job in point.finetune:
     if job.task != task:
       continue
-    step = job.step_of(point) or point.steps
+    step = job.step_of(point) or last
     res = report._read_json(pdir / job.dirname / "results.json") or {}  # pylint: disable=protected-access
     out.append((job.at_fraction, step, report.seed_scores(res)[1]))
   return sorted(out)
@@ -118,6 +121,15 @@ def random_reference(workdir: pathlib.Path, task: str) -> list[float]:
 
 
 # ------------------------------------------------------------------ the crossing
+#
+# Each objective's error rate (1 - accuracy) is fitted as a power law in training FLOPs, a line
+# in log10(error) against log10(FLOPs): the form scaling laws take, and one that never passes
+# accuracy 1 (a line in accuracy itself meets MLM's only above 1 on these curves).
+
+def log_error(acc):
+  """log10(1 - accuracy): the fitted quantity."""
+  return np.log10(1.0 - np.asarray(acc, dtype=float))
+
 
 def fit_line(log_flops: np.ndarray, ys: np.ndarray) -> tuple[float, float]:
   """(slope, intercept) of the least-squares line y = slope * log10(FLOPs) + intercept."""
@@ -125,19 +137,30 @@ def fit_line(log_flops: np.ndarray, ys: np.ndarray) -> tuple[float, float]:
   return float(slope), float(intercept)
 
 
-def crossing(mlm: tuple[float, float], electra: tuple[float, float]) -> float:
-  """log10 FLOPs where ELECTRA's line meets MLM's, if ELECTRA's rises faster; else nan (parallel,
-  or ELECTRA falls further behind)."""
+def reach(slope, intercept, level, x_last):
+  """log10 FLOPs where the falling line y = slope * x + intercept gets down to `level`: x_last
+  if it is there already at the largest measured x_last; inf if it never gets there (flat or
+  rising). Works on arrays (one line per bootstrap resample)."""
+  slope, intercept = np.asarray(slope, dtype=float), np.asarray(intercept, dtype=float)
+  with np.errstate(divide="ignore", invalid="ignore"):
+    ahead = np.where(slope < 0, (level - intercept) / slope, np.inf)
+  return np.where(slope * x_last + intercept <= level, x_last, ahead)
+
+
+def crossing(mlm: tuple[float, float], electra: tuple[float, float], x_last: float) -> float:
+  """log10 FLOPs where ELECTRA's error line meets MLM's (their difference reaches 0): x_last
+  if ELECTRA is level or ahead already, inf if its line does not fall faster than MLM's."""
   (bm, am), (be, ae) = mlm, electra
-  return (am - ae) / (be - bm) if be > bm else math.nan
+  return float(reach(be - bm, ae - am, 0.0, x_last))
 
 
 def bootstrap(scores: dict[str, np.ndarray], log_flops: np.ndarray, resamples: int,
               seed: int = 0) -> dict[str, np.ndarray]:
-  """scores[objective]: [pre-training seed, checkpoint, fine-tuning seed]. Each resample draws
-  pre-training seeds with replacement (a seed's whole curve goes together), then fine-tuning
-  seeds with replacement within each drawn seed and checkpoint; returns per resample ELECTRA's
-  deficit at each checkpoint (MLM - ELECTRA) and the log10 FLOPs of the crossing (nan: none)."""
+  """scores[objective]: accuracies [pre-training seed, checkpoint, fine-tuning seed]. Each
+  resample draws pre-training seeds with replacement (a seed's whole curve goes together), then
+  fine-tuning seeds with replacement within each drawn seed and checkpoint; returns per
+  resample ELECTRA's deficit at each checkpoint (MLM - ELECTRA, accuracy), the crossing (log10
+  FLOPs, as `crossing`) and ELECTRA's error line."""
   rng = np.random.default_rng(seed)
   means = {}
   for obj, s in scores.items():
@@ -147,18 +170,26 @@ def bootstrap(scores: dict[str, np.ndarray], log_flops: np.ndarray, resamples: i
     picked = s[pre[:, :, None, None], np.arange(n_ck)[None, None, :, None], ft]
     means[obj] = picked.mean(axis=(1, 3))  # [resample, checkpoint]
   x = log_flops - log_flops.mean()
-  slopes = {o: (m * x).sum(1) / (x * x).sum() for o, m in means.items()}
-  inter = {o: m.mean(1) - slopes[o] * log_flops.mean() for o, m in means.items()}
-  rises = slopes["electra"] > slopes["mlm"]
-  with np.errstate(divide="ignore", invalid="ignore"):
-    cross = np.where(rises, (inter["mlm"] - inter["electra"]) / (slopes["electra"] -
-                                                                  slopes["mlm"]), np.nan)
-  return {"deficit": means["mlm"] - means["electra"], "crossing": cross,
-          "electra_slope": slopes["electra"], "electra_intercept": inter["electra"]}
+  lines = {}
+  for o, m in means.items():
+    y = log_error(m)
+    slope = (y * x).sum(1) / (x * x).sum()
+    lines[o] = (slope, y.mean(1) - slope * log_flops.mean())
+  (bm, am), (be, ae) = lines["mlm"], lines["electra"]
+  return {"deficit": means["mlm"] - means["electra"],
+          "crossing": reach(be - bm, ae - am, 0.0, log_flops[-1]),
+          "electra_slope": be, "electra_intercept": ae}
 
 
 def _pct(a: np.ndarray) -> tuple[float, float]:
-  return float(np.percentile(a, 2.5)), float(np.percentile(a, 97.5))
+  """The 2.5th and 97.5th percentiles, taken as sample values (an inf, "never", stays inf:
+  interpolating between infs gives nan)."""
+  lo, hi = np.percentile(a, [2.5, 97.5], method="inverted_cdf")
+  return float(lo), float(hi)
+
+
+def _flops_text(x: float) -> str:
+  return "never" if math.isinf(x) else f"{10 ** x:.2g}"
 
 
 # ------------------------------------------------------------------ the report
@@ -236,7 +267,7 @@ def analyse(workdir: pathlib.Path, out: pathlib.Path, task: str = "brown_pos",
   lines += ["", f"#### {task} test accuracy from each checkpoint (3 fine-tuning seeds each)", "",
             "| fraction of the run | FLOPs | MLM (median [min, max] over 2 x 3 seeds) | "
             "ELECTRA | MLM - ELECTRA, pooled means (95% interval) |", "|---|---|---|---|---|"]
-  fit_text, boot, fits, x_cross = [], None, {}, math.nan
+  fit_text, boot, fits, x_cross, x_last = [], None, {}, math.nan, math.nan
   if complete:
     n_ft = min(len(v) for rows in ds.values() for _, _, v in rows)
     scores = {o: np.array([[v[:n_ft] for _, _, v in ds[(o, s)]] for s in (0, 1)])
@@ -256,38 +287,35 @@ def analyse(workdir: pathlib.Path, out: pathlib.Path, task: str = "brown_pos",
       lines.append(f"| {frac:g} | {flops[i]:.3g} | {cells[0]} | {cells[1]} | "
                    f"{d:+.4f} [{lo:+.4f}, {hi:+.4f}] |")
     fits = {o: fit_line(np.repeat(log_flops, scores[o].shape[0] * scores[o].shape[2]),
-                        scores[o].transpose(1, 0, 2).ravel()) for o in OBJECTIVES}
-    x_cross = crossing(fits["mlm"], fits["electra"])
+                        log_error(scores[o].transpose(1, 0, 2).ravel())) for o in OBJECTIVES}
+    x_last = float(log_flops[-1])
+    x_cross = crossing(fits["mlm"], fits["electra"], x_last)
     cross = boot["crossing"]
-    found = cross[np.isfinite(cross)]
     fit_text = ["", "#### The extrapolated crossing", "",
-                f"Least-squares lines through all {scores['mlm'].size} scores per objective "
-                "against log10 FLOPs: " + "; ".join(
-                    f"{o} {fits[o][0] * 100:+.2f} points per 10x FLOPs" for o in OBJECTIVES)
+                f"Power laws in the error rate (lines of log10(1 - accuracy) against log10 FLOPs) "
+                f"through all {scores['mlm'].size} scores per objective: " + "; ".join(
+                    f"{o}'s error x{10 ** fits[o][0]:.3f} per 10x FLOPs" for o in OBJECTIVES)
                 + "."]
-    if math.isfinite(x_cross):
+    if x_cross == x_last:
+      fit_text.append("ELECTRA is level with MLM or ahead at the largest measured budget.")
+    elif math.isfinite(x_cross):
+      acc = 1 - 10 ** (fits["mlm"][0] * x_cross + fits["mlm"][1])
       fit_text.append(
-          f"They meet at **{10 ** x_cross:.2g} FLOPs**, {10 ** (x_cross - log_flops[-1]):.3g}x "
-          f"the largest measured ({flops[-1]:.3g}), at {task} "
-          f"{fits['mlm'][0] * x_cross + fits['mlm'][1]:.3f}.")
+          f"They meet at **{10 ** x_cross:.2g} FLOPs**, {10 ** (x_cross - x_last):.3g}x the "
+          f"largest measured ({flops[-1]:.3g}), at {task} {acc:.3f}.")
     else:
-      fit_text.append("They do not meet: ELECTRA's line does not rise faster than MLM's.")
-    if len(found):
-      lo, hi = _pct(np.where(np.isfinite(cross), cross, np.inf))
-      upper = "never" if math.isinf(hi) else f"{10 ** hi:.2g}"
-      fit_text.append(
-          f"Hierarchical bootstrap ({resamples:,} resamples): ELECTRA's line is the steeper, "
-          f"so the lines meet, in {len(found) / len(cross):.1%} of them; 95% interval of "
-          f"the crossing [{10 ** lo:.2g}, {upper}] FLOPs.")
-    else:
-      fit_text.append(f"In none of {resamples:,} bootstrap resamples do the lines meet.")
+      fit_text.append("They do not meet: ELECTRA's error does not fall faster than MLM's.")
+    lo, hi = _pct(cross)
+    meets = np.isfinite(cross).mean()
     fit_text.append(
-        "This rests on a straight line in log FLOPs through four checkpoints of one schedule "
-        "per run (the first three before the learning rate decayed) and on 2 pre-training "
-        "seeds, which resample to only three distinct pairs. Neither line can go on for ever: "
-        "MLM nears a ceiling (its gains per 10x shrink, which would bring the crossing "
-        "earlier), and ELECTRA's present climb is its discriminator leaving the prior (which "
-        "slows too, and would push the crossing later).")
+        f"Hierarchical bootstrap ({resamples:,} resamples): the lines meet in {meets:.1%} of "
+        f"them; 95% interval of the crossing [{_flops_text(lo)}, {_flops_text(hi)}] FLOPs.")
+    fit_text.append(
+        "This rests on a power law through four checkpoints of one schedule per run (the first "
+        "three before the learning rate decayed) and on 2 pre-training seeds, which resample "
+        "to only three distinct pairs. Neither law can be trusted far out: MLM's error is "
+        "flattening towards a floor (which brings the crossing earlier), and ELECTRA's present "
+        "fall is its discriminator leaving the prior (which slows too, and pushes it later).")
   else:
     for frac in fracs:
       cells = []
@@ -299,18 +327,19 @@ def analyse(workdir: pathlib.Path, out: pathlib.Path, task: str = "brown_pos",
   if random_scores:
     level = statistics.mean(random_scores)
     lines += ["", f"A random init of the same shape, fine-tuned the same way: {task} "
-              f"{statistics.median(random_scores):.4f} [{min(random_scores):.4f}, "
-              f"{max(random_scores):.4f}] (median [min, max], {len(random_scores)} seeds)."]
-    if fits and fits["electra"][0] > 0:
-      x_rand = (level - fits["electra"][1]) / fits["electra"][0]
-      with np.errstate(divide="ignore", invalid="ignore"):
-        xs = np.where(boot["electra_slope"] > 0, (level - boot["electra_intercept"])
-                      / boot["electra_slope"], np.inf)
-      lo, hi = _pct(xs)
-      upper = "never" if math.isinf(hi) else f"{10 ** hi:.2g}"
-      lines.append(f"ELECTRA's line reaches the random init's mean ({level:.4f}) at "
-                   f"**{10 ** x_rand:.2g} FLOPs** (95% interval [{10 ** lo:.2g}, {upper}]): "
-                   "before that its pre-training has not yet helped this task at all.")
+              f"{level:.4f} (mean; [{min(random_scores):.4f}, {max(random_scores):.4f}] over "
+              f"{len(random_scores)} seeds)."]
+    if fits:
+      x_rand = float(reach(*fits["electra"], float(log_error(level)), x_last))
+      lo, hi = _pct(reach(boot["electra_slope"], boot["electra_intercept"],
+                          float(log_error(level)), x_last))
+      where = ("already at the largest measured budget" if x_rand == x_last else
+               f"at **{_flops_text(x_rand)} FLOPs**" + (
+                   f" ({10 ** (x_rand - x_last):.3g}x the largest measured)"
+                   if math.isfinite(x_rand) else ""))
+      lines.append(f"ELECTRA's power law reaches the random init's mean {where} (95% interval "
+                   f"[{_flops_text(lo)}, {_flops_text(hi)}], the random init's level held "
+                   "fixed): before that its pre-training has not helped this task at all.")
   lines += fit_text
   plot(curves, ds, out / "crossing.png", task, exits, fits, x_cross, random_scores)
   lines += ["", "![curves](crossing.png)"]
@@ -357,14 +386,14 @@ def plot(curves, ds, path: pathlib.Path, task: str, exits, fits, x_cross: float,
     end = x_cross if math.isfinite(x_cross) and x_cross - hi < 3 else hi
     xs = np.linspace(lo, max(hi, end), 50)
     for o, (slope, intercept) in fits.items():
-      axes[2].plot(10 ** xs, slope * xs + intercept, ":", color=colors[o], lw=1.2,
-                   label=f"{o}: fitted line")
+      axes[2].plot(10 ** xs, 1 - 10 ** (slope * xs + intercept), ":", color=colors[o], lw=1.2,
+                   label=f"{o}: power law in the error")
     if end > hi:
-      axes[2].plot(10 ** x_cross, fits["mlm"][0] * x_cross + fits["mlm"][1], "kx", ms=9,
-                   label=f"crossing {10 ** x_cross:.2g} FLOPs (extrapolated)")
+      axes[2].plot(10 ** x_cross, 1 - 10 ** (fits["mlm"][0] * x_cross + fits["mlm"][1]), "kx",
+                   ms=9, label=f"crossing {10 ** x_cross:.2g} FLOPs (extrapolated)")
   if random_scores:
-    axes[2].axhline(statistics.median(random_scores), color="grey", ls="--", lw=1,
-                    label="random init (median of 3)")
+    axes[2].axhline(statistics.mean(random_scores), color="grey", ls="--", lw=1,
+                    label="random init (mean of 3 seeds)")
   axes[2].set(title=f"{task} test accuracy from each checkpoint", ylabel="accuracy")
   for ax in axes:
     ax.set_xscale("log")

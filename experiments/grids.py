@@ -228,7 +228,8 @@ def electra_curve(scale: str = "demo", data_source: str = "") -> Grid:
   training FLOPs all along (experiments.crossing reads it: where the discriminator leaves its
   prior, and where, if anywhere, ELECTRA catches MLM). Checkpoints before the end are taken
   mid-schedule (the learning rate not yet decayed), the same fraction of the same-FLOPs
-  schedule for both objectives."""
+  schedule for both objectives. The final checkpoints also get the main job's sentiment
+  fine-tuning, as grid (a)'s points do, so the curve's end compares with them."""
   del data_source
   if scale != "demo":
     raise ValueError(f"electra_curve: scale={scale!r}; it is a demo-scale grid (the learning "
@@ -241,7 +242,9 @@ def electra_curve(scale: str = "demo", data_source: str = "") -> Grid:
   def point(v):
     arg = f"size=tiny,objective={v['objective']},runlocal"
     steps = steps_for_budget(resolve_config(arg, base), budget)
-    steps += -steps % quarters  # a checkpoint at every quarter (< 0.03% more FLOPs)
+    # a checkpoint at every quarter; the FLOPs budget still ends the run (ELECTRA's at 15,567
+    # of its 15,568 steps, a step before the last quarter's; the newest checkpoint is its end)
+    steps += -steps % quarters
     over = {**base, "train.steps": steps, "train.flops_budget": budget, "seed": v["seed"],
             "train.eval_every": steps // CURVE_EVALS,
             "train.checkpoint_every": steps // quarters, "train.keep": quarters}

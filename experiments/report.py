@@ -266,20 +266,27 @@ def hierarchical_means(scores: Sequence[Sequence[float]], resamples: int,
   seed's fine-tuning scores (one value for a pre-training measure). Each resample draws the
   pre-training seeds with replacement, then fine-tuning seeds with replacement within each
   drawn seed (both sources of noise, the between-seed one kept whole)."""
-  n_ft = min(len(v) for v in scores)
-  arr = np.array([list(v)[:n_ft] for v in scores], dtype=float)  # [pre-training, fine-tuning]
+  arr = _arm_array(scores)
   pre = rng.integers(0, arr.shape[0], size=(resamples, arr.shape[0]))
-  ft = rng.integers(0, n_ft, size=(resamples, arr.shape[0], n_ft))
+  ft = rng.integers(0, arr.shape[1], size=(resamples, arr.shape[0], arr.shape[1]))
   return arr[pre[:, :, None], ft].mean(axis=(1, 2))
+
+
+def _arm_array(scores: Sequence[Sequence[float]]) -> np.ndarray:
+  """[pre-training seed, fine-tuning seed], each seed's scores cut to the fewest any has (so
+  that the estimate and its bootstrap weigh the same scores)."""
+  n_ft = min(len(v) for v in scores)
+  return np.array([list(v)[:n_ft] for v in scores], dtype=float)
 
 
 def difference_table(grid: Grid, rows: list[dict], tasks: list[str], resamples: int = 10000,
                      seed: int = 0) -> list[str]:
   """Each arm minus the first (the grid's reference arm): the difference of pooled means of the
   held-out nats below unigram at [MASK] and of each task, with a 95% interval from
-  `hierarchical_means` (arms resampled independently). An interval that excludes 0 is marked
-  *. With 2 pre-training seeds an arm's seeds resample to three distinct pairs, which narrows
-  the interval: a marked difference is a lead, an unmarked one is "not separable here"."""
+  `hierarchical_means` (arms resampled independently), where both arms have >= 2 finished
+  pre-training seeds. An interval that excludes 0 is marked *. With 2 pre-training seeds an
+  arm's seeds resample to three distinct pairs, which narrows the interval: a marked
+  difference is a lead, an unmarked one is "not separable here"."""
   axes = [a for a in grid.points[0].labels if a != "seed"]
   arms: dict[tuple, list[dict]] = {}
   for r in rows:
@@ -291,8 +298,9 @@ def difference_table(grid: Grid, rows: list[dict], tasks: list[str], resamples: 
     if m == "gap_at_mask":
       return [[r[m]] for r in group if m in r and not math.isnan(r[m])]
     return [r[f"_{m}_scores"] for r in group if r.get(f"_{m}_scores")]
-  ref_key, *others = list(arms) or [None]
-  if not others or len(arms[ref_key]) < 2:
+  ref_key = tuple(grid.points[0].labels[a] for a in axes)  # the grid's first arm
+  others = [k for k in arms if k != ref_key]
+  if ref_key not in arms or not others:
     return []
   rng = np.random.default_rng(seed)
   ref_name = ",".join(f"{a}={v}" for a, v in zip(axes, ref_key))
@@ -306,11 +314,10 @@ def difference_table(grid: Grid, rows: list[dict], tasks: list[str], resamples: 
     cells = list(key)
     for m, _ in measures:
       a, b = scores(arms[key], m), scores(arms[ref_key], m)
-      if not a or not b:
-        cells.append("–")
+      if len(a) < 2 or len(b) < 2:  # one seed: no between-seed spread to resample
+        cells.append(f"– ({min(len(a), len(b))} seed)" if a and b else "–")
         continue
-      diff = (statistics.mean(statistics.mean(v) for v in a)
-              - statistics.mean(statistics.mean(v) for v in b))
+      diff = float(_arm_array(a).mean() - _arm_array(b).mean())
       boot = hierarchical_means(a, resamples, rng) - hierarchical_means(b, resamples, rng)
       lo, hi = np.percentile(boot, [2.5, 97.5])
       mark = "*" if lo > 0 or hi < 0 else ""

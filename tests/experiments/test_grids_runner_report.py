@@ -315,6 +315,11 @@ def test_hierarchical_bootstrap_keeps_between_seed_noise_and_marks_real_differen
   assert b.startswith("| b | +0.0000 [") and "| +0.0500 [+0.04" in b and b.endswith("]* |")
   assert c.startswith("| c | +0.0000 [") and not c.endswith("* |")
   assert report.difference_table(grid, rows[:1], ["pos"]) == []  # one arm: nothing to compare
+  # an arm with one finished seed gets no interval; the reference stays the grid's first arm
+  # even when its runs are missing (then there is no table)
+  one = report.difference_table(grid, rows[:5], ["pos"], resamples=200)
+  assert one[-1].startswith("| c | – (1 seed) |")
+  assert report.difference_table(grid, rows[2:], ["pos"]) == []
 
 
 def test_electra_points_are_judged_by_the_discriminator_against_its_prior(tmp_path):

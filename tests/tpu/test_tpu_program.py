@@ -83,7 +83,7 @@ import jax
 from jax.experimental import topologies
 from configs import pretrain
 from encoder_jax.train import compile_check as cc
-for case in json.loads(sys.argv[1]):
+def run(case):
   jax.config.update("jax_default_prng_impl", case.get("prng", "threefry2x32"))
   config = pretrain.get_config(case["arg"])
   config.data.vocab = "demo"  # committed with the package: no fetch
@@ -103,6 +103,12 @@ for case in json.loads(sys.argv[1]):
       pallas="attention_pallas" in hlo, mosaic='custom_call_target="tpu_custom_call"' in hlo,
       rbg="rng-bit-generator(" in hlo, mesh=dict(mesh.shape), analysis=a, secs=secs)),
       flush=True)
+for case in json.loads(sys.argv[1]):
+  try:
+    run(case)
+  except Exception:  # one case's failure is that case's test's, not all of them
+    import traceback
+    print(json.dumps(dict(case=case["name"], error=traceback.format_exc()[-3000:])), flush=True)
 """
 
 # name -> the pretrain config argument, the TPU topology, and optionally a mesh / PRNG.
@@ -132,7 +138,17 @@ def compiled():
                         capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-  return {r["case"]: r for r in out}
+  return _Cases({r["case"]: r for r in out})
+
+
+class _Cases(dict):
+  """A case's report; a case that raised fails its own test with its traceback."""
+
+  def __getitem__(self, name):
+    r = super().__getitem__(name)
+    if "error" in r:
+      pytest.fail(f"compiling case {name!r} failed:\n{r['error']}")
+    return r
 
 
 def test_default_config_compiles_to_the_bf16_scanned_tpu_program(compiled):
