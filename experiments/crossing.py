@@ -356,6 +356,7 @@ def plot(curves, ds, path: pathlib.Path, task: str, exits, fits, x_cross: float,
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+  import matplotlib.ticker  # pylint: disable=unused-import
   fig, axes = plt.subplots(1, 3, figsize=(16, 4.4))
   colors = {"mlm": "tab:blue", "electra": "tab:red"}
   styles = {0: "-", 1: "--"}
@@ -397,6 +398,10 @@ def plot(curves, ds, path: pathlib.Path, task: str, exits, fits, x_cross: float,
   axes[2].set(title=f"{task} test accuracy from each checkpoint", ylabel="accuracy")
   for ax in axes:
     ax.set_xscale("log")
+    # ticks at 1, 2 and 5 per decade, labelled 2e+13: the default minor labels overlap
+    ax.xaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.0e}"))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("training FLOPs")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
