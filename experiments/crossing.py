@@ -189,7 +189,9 @@ def _pct(a: np.ndarray) -> tuple[float, float]:
 
 
 def _flops_text(x: float) -> str:
-  return "never" if math.isinf(x) else f"{10 ** x:.2g}"
+  if math.isinf(x):
+    return "never"
+  return "> 1e300" if x > 300 else f"{10 ** x:.2g}"
 
 
 # ------------------------------------------------------------------ the report
@@ -298,11 +300,13 @@ def analyse(workdir: pathlib.Path, out: pathlib.Path, task: str = "brown_pos",
                 + "."]
     if x_cross == x_last:
       fit_text.append("ELECTRA is level with MLM or ahead at the largest measured budget.")
-    elif math.isfinite(x_cross):
+    elif x_cross < 300:
       acc = 1 - 10 ** (fits["mlm"][0] * x_cross + fits["mlm"][1])
       fit_text.append(
           f"They meet at **{10 ** x_cross:.2g} FLOPs**, {10 ** (x_cross - x_last):.3g}x the "
           f"largest measured ({flops[-1]:.3g}), at {task} {acc:.3f}.")
+    elif math.isfinite(x_cross):
+      fit_text.append("They meet only beyond 1e300 FLOPs: ELECTRA's error falls barely faster.")
     else:
       fit_text.append("They do not meet: ELECTRA's error does not fall faster than MLM's.")
     lo, hi = _pct(cross)
@@ -310,6 +314,19 @@ def analyse(workdir: pathlib.Path, out: pathlib.Path, task: str = "brown_pos",
     fit_text.append(
         f"Hierarchical bootstrap ({resamples:,} resamples): the lines meet in {meets:.1%} of "
         f"them; 95% interval of the crossing [{_flops_text(lo)}, {_flops_text(hi)}] FLOPs.")
+    # The same data under another law, to show how much the answer hangs on the law: the error
+    # falling by a fixed amount (not a fixed factor) per 10x FLOPs.
+    lin = {o: fit_line(np.repeat(log_flops, scores[o].shape[0] * scores[o].shape[2]),
+                       1 - scores[o].transpose(1, 0, 2).ravel()) for o in OBJECTIVES}
+    x_lin = crossing(lin["mlm"], lin["electra"], x_last)
+    if x_last < x_lin < 300:
+      acc_lin = 1 - (lin["mlm"][0] * x_lin + lin["mlm"][1])
+      fit_text.append(
+          "Under another law, straight lines in accuracy (" + "; ".join(
+              f"{o} {-lin[o][0] * 100:+.1f} points per 10x" for o in OBJECTIVES)
+          + f"), they would meet at {10 ** x_lin:.2g} FLOPs, at {task} {acc_lin:.3f}"
+          + (" (above 1: impossible, so that law cannot hold that far)" if acc_lin > 1 else "")
+          + ": the data cannot choose between the laws, and the crossing hangs on the choice.")
     fit_text.append(
         "This rests on a power law through four checkpoints of one schedule per run (the first "
         "three before the learning rate decayed) and on 2 pre-training seeds, which resample "
@@ -336,7 +353,7 @@ def analyse(workdir: pathlib.Path, out: pathlib.Path, task: str = "brown_pos",
       where = ("already at the largest measured budget" if x_rand == x_last else
                f"at **{_flops_text(x_rand)} FLOPs**" + (
                    f" ({10 ** (x_rand - x_last):.3g}x the largest measured)"
-                   if math.isfinite(x_rand) else ""))
+                   if x_rand < 300 else ""))
       lines.append(f"ELECTRA's power law reaches the random init's mean {where} (95% interval "
                    f"[{_flops_text(lo)}, {_flops_text(hi)}], the random init's level held "
                    "fixed): before that its pre-training has not helped this task at all.")

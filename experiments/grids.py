@@ -247,7 +247,10 @@ def electra_curve(scale: str = "demo", data_source: str = "") -> Grid:
     steps += -steps % quarters
     over = {**base, "train.steps": steps, "train.flops_budget": budget, "seed": v["seed"],
             "train.eval_every": steps // CURVE_EVALS,
-            "train.checkpoint_every": steps // quarters, "train.keep": quarters}
+            "train.checkpoint_every": steps // quarters,
+            # + 2: a SIGTERM saves the step it stops at, which must not push the first quarter
+            # out (the 2026-12-04 runs, never stopped, kept exactly the 4 quarters)
+            "train.keep": quarters + 2}
     jobs = tuple(FinetuneJob("brown_pos", seeds=_DEMO_FT_SEEDS, run="demo", at_fraction=f)
                  for f in CURVE_FRACTIONS) + _demo_finetune(lr=None)
     return PointSpec(arg, over, jobs)

@@ -109,6 +109,7 @@ def test_analysis_of_fabricated_runs_finds_the_planted_exit_and_crossing(tmp_pat
   exits = [line for line in text.splitlines() if line.startswith("| electra |")]
   assert len(exits) == 2 and all(f"| {2e13:.3g} |" in line for line in exits)
   assert "the lines meet in 100.0% of them" in text
+  assert "Under another law, straight lines in accuracy" in text  # how much the law decides
   assert (tmp_path / "out" / "crossing.png").stat().st_size > 10_000
   rows = (tmp_path / "out" / "downstream.csv").read_text().splitlines()
   assert len(rows) == 1 + 4 * 4 * 3  # 4 runs x 4 checkpoints x 3 fine-tuning seeds

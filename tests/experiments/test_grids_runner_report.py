@@ -446,7 +446,7 @@ def test_learning_curve_jobs_fine_tune_their_own_checkpoint(tmp_path):
     assert p.total_flops == pytest.approx(budget, rel=3e-4)
     cfg = p.config()
     every = cfg.train.checkpoint_every
-    assert p.steps == 4 * every and cfg.train.keep >= 4 and cfg.train.eval_every > 0
+    assert p.steps == 4 * every and cfg.train.keep >= 6 and cfg.train.eval_every > 0
     steps = [j.step_of(p) for j in p.finetune]
     assert steps == [every, 2 * every, 3 * every, 0, 0]  # 0: the newest (final) checkpoint
     assert [j.key for j in p.finetune] == ["brown_pos_at0.25", "brown_pos_at0.5",
