@@ -63,11 +63,8 @@ def eval_curve(point, rows: Sequence[dict]) -> list[dict]:
   out = []
   for r in sorted((r for r in rows if r.get("split") == "eval"), key=lambda r: r["step"]):
     row = {"step": r["step"], "flops": r["step"] * point.flops_per_step}
-    if "disc_loss" in r and "disc_replaced_frac" in r:
-      row["disc_vs_prior"] = r["disc_loss"] / report.binary_entropy(r["disc_replaced_frac"])
-    pred = next((k for k in ("mlm", "gen") if f"{k}_at_mask_loss" in r), None)
-    if pred and "unigram_at_mask_loss" in r:
-      row["gap_at_mask"] = r["unigram_at_mask_loss"] - r[f"{pred}_at_mask_loss"]
+    scores = report.eval_scores(r)
+    row |= {k: scores[k] for k in ("disc_vs_prior", "gap_at_mask") if k in scores}
     out.append(row)
   return out
 
@@ -90,13 +87,13 @@ def downstream(point, pdir: pathlib.Path, task: str) -> list[tuple[float, int, l
   """(fraction, step, per-seed test scores) of each `task` job of the point, in run order."""
   out = []
   # the run's last step (a FLOPs budget may end it a step before point.steps)
-  last = (report._read_json(pdir / "pretrain" / "summary.json") or {}).get(  # pylint: disable=protected-access
+  last = (report.read_json(pdir / "pretrain" / "summary.json") or {}).get(
       "steps", point.steps)
   for job in point.finetune:
     if job.task != task:
       continue
     step = job.step_of(point) or last
-    res = report._read_json(pdir / job.dirname / "results.json") or {}  # pylint: disable=protected-access
+    res = report.read_json(pdir / job.dirname / "results.json") or {}
     out.append((job.at_fraction, step, report.seed_scores(res)[1]))
   return sorted(out)
 
@@ -116,7 +113,7 @@ def random_reference(workdir: pathlib.Path, task: str) -> list[float]:
   res = demo.finished(config, out)
   if res is None:
     finetune_and_evaluate(config, str(out))
-    res = report._read_json(out / "results.json") or {}  # pylint: disable=protected-access
+    res = report.read_json(out / "results.json") or {}
   return report.seed_scores(res)[1]
 
 

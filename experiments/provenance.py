@@ -218,10 +218,13 @@ def record(out_dir: os.PathLike | str, grid: Grid, **kwargs) -> dict[str, Any]:
   creating the folder and file if needed; returns the record. The file is replaced whole
   (written beside it, then renamed), so a kill never leaves half a list."""
   out = pathlib.Path(out_dir)
+  return _append(out, make_record(grid, out=out, **kwargs))
+
+
+def _append(out: pathlib.Path, rec: dict[str, Any]) -> dict[str, Any]:
+  """rec added to <out>/provenance.json, which is replaced whole (written beside, renamed)."""
   out.mkdir(parents=True, exist_ok=True)
-  records = read(out)
-  rec = make_record(grid, out=out, **kwargs)
-  records.append(rec)
+  records = read(out) + [rec]
   tmp = out / (FILENAME + ".tmp")
   tmp.write_text(json.dumps(records, indent=1) + "\n")
   os.replace(tmp, out / FILENAME)
@@ -237,13 +240,7 @@ def record_tool(out_dir: os.PathLike | str, module: str, flag_values: Mapping[st
          "command": shlex.join(["python", "-m", module, *sys.argv[1:]]),
          "flags": _jsonable(dict(flag_values)), "git": process_git_state(), "host": host(),
          "packages": package_versions(), "minutes": minutes, "cwd": os.getcwd()}
-  out = pathlib.Path(out_dir)
-  out.mkdir(parents=True, exist_ok=True)
-  records = read(out)
-  tmp = out / (FILENAME + ".tmp")
-  tmp.write_text(json.dumps(records + [rec], indent=1) + "\n")
-  os.replace(tmp, out / FILENAME)
-  return rec
+  return _append(pathlib.Path(out_dir), rec)
 
 
 def point_config(rec: Mapping[str, Any], name: str):

@@ -48,7 +48,7 @@ SCORE_KEYS = ("test/accuracy", "test/score", "validation/accuracy", "validation/
               "validation_matched/accuracy", "validation_matched/score")
 
 
-def _read_json(path: pathlib.Path) -> dict | None:
+def read_json(path: pathlib.Path) -> dict | None:
   try:
     return json.loads(path.read_text())
   except (FileNotFoundError, json.JSONDecodeError):
@@ -97,7 +97,7 @@ def collect(grid: Grid, workdir, points: Sequence[Point] | None = None) -> list[
   out = []
   for point in points or grid.points:
     pdir = runner.point_dir(workdir, point)
-    summary = _read_json(pdir / "pretrain" / "summary.json") or {}
+    summary = read_json(pdir / "pretrain" / "summary.json") or {}
     rows = read_curves(pdir)
     row: dict[str, Any] = dict(point.labels)
     row["point"] = point.name
@@ -115,15 +115,8 @@ def collect(grid: Grid, workdir, points: Sequence[Point] | None = None) -> list[
               "disc_precision", "disc_recall", "nsp_accuracy"):
       if k in final_eval:
         row[f"eval_{k}"] = final_eval[k]
-    pred = next((k for k in ("mlm", "gen") if f"{k}_at_mask_loss" in final_eval), None)
-    if pred and "unigram_at_mask_loss" in final_eval:
-      row["eval_at_mask_accuracy"] = final_eval[f"{pred}_at_mask_accuracy"]
-      row["unigram_at_mask_accuracy"] = final_eval["unigram_at_mask_accuracy"]
-      row["gap_at_mask"] = final_eval["unigram_at_mask_loss"] - final_eval[f"{pred}_at_mask_loss"]
-    rtd = "disc_loss" in final_eval and "disc_replaced_frac" in final_eval
-    if rtd:  # ELECTRA, ELECTRA-15%: the discriminator against its prior
-      row["disc_vs_prior"] = final_eval["disc_loss"] / binary_entropy(
-          final_eval["disc_replaced_frac"])
+    row |= eval_scores(final_eval)
+    rtd = "disc_vs_prior" in row
     if row["status"] == "done" and (
         (grid.stall_loss is not None and not row["final_eval_curve"] < grid.stall_loss)
         or (not row["disc_vs_prior"] <= RTD_STALL_RATIO if rtd  # NaN (no prior): stalled
@@ -132,7 +125,7 @@ def collect(grid: Grid, workdir, points: Sequence[Point] | None = None) -> list[
     row["wall_s"] = summary.get("total_wall_s", math.nan)
     jobs = {j.key: j for j in point.finetune}
     for name in job_keys(grid):  # a job the point does not have: no scores
-      res = _read_json(pdir / jobs[name].dirname / "results.json") if name in jobs else None
+      res = read_json(pdir / jobs[name].dirname / "results.json") if name in jobs else None
       skey, vals = seed_scores(res or {})
       row[f"{name}_median"] = statistics.median(vals) if vals else math.nan
       row[f"{name}_min"] = min(vals) if vals else math.nan
@@ -141,6 +134,22 @@ def collect(grid: Grid, workdir, points: Sequence[Point] | None = None) -> list[
       row[f"{name}_metric"] = skey
       row[f"_{name}_scores"] = vals  # for the table over pre-training seeds (not in the CSV)
     out.append(row)
+  return out
+
+
+def eval_scores(ev: dict) -> dict[str, float]:
+  """What a held-out evaluation (a metrics row or summary's final_eval) says about leaving the
+  plateau: at [MASK] inputs the predictor's (MLM head or ELECTRA's generator) accuracy, the
+  unigram's, and the nats below the unigram (gap_at_mask); for an RTD run the discriminator's
+  loss over its prior's entropy (disc_vs_prior)."""
+  out = {}
+  pred = next((k for k in ("mlm", "gen") if f"{k}_at_mask_loss" in ev), None)
+  if pred and "unigram_at_mask_loss" in ev:
+    out["eval_at_mask_accuracy"] = ev.get(f"{pred}_at_mask_accuracy", math.nan)
+    out["unigram_at_mask_accuracy"] = ev.get("unigram_at_mask_accuracy", math.nan)
+    out["gap_at_mask"] = ev["unigram_at_mask_loss"] - ev[f"{pred}_at_mask_loss"]
+  if "disc_loss" in ev and "disc_replaced_frac" in ev:  # ELECTRA, ELECTRA-15%
+    out["disc_vs_prior"] = ev["disc_loss"] / binary_entropy(ev["disc_replaced_frac"])
   return out
 
 
