@@ -528,8 +528,10 @@ DRY_RUN_FINETUNE = {"max_train_examples": 16, "max_eval_examples": 16, "epochs":
 
 
 # Axes whose values change only numbers inside a point's program (the seed, the peak learning
-# rate), never the code it runs: the dry run keeps the first point of each such family.
-DRY_RUN_SHARED_AXES = ("seed", "lr")
+# rate, the warm-up's length), never the code it runs: the dry run keeps the first point of each
+# such family. (A schedule without warm-up is optax's other branch; tests/train/test_optim.py
+# checks both.)
+DRY_RUN_SHARED_AXES = ("seed", "lr", "warmup")
 
 
 def dry_run(grid: Grid) -> Grid:
