@@ -211,19 +211,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   # batches are split over data x fsdp, checkpoints restore into the state's shardings.
   mesh = sharding.mesh_from_config(s.mesh)
   abstract, state_shardings = sharded_abstract_state(s.init_fn, mesh)
-  steps = _Steps(s, mesh, abstract, state_shardings)
-  with Stage(f"preparing the corpus ({s.data.source})"):
-    train_loader = setup.make_loader(s.data, "train")
-    train_it = iter(train_loader)
-    eval_loader = (setup.make_loader(s.data, s.data.eval_split) if t.eval_steps > 0
-                   else None)
-  baseline = (unigram_baseline(s, train_loader.rows) if eval_loader is not None
-              else (None, None))
-  if eval_loader is not None:
-    steps.start_eval(baseline[0])
   ckpt = Checkpointer(workdir / "checkpoints", keep=t.keep)
   run = None
   try:
+    # A finished run (its command run again, or experiments/rtd_identity.py re-evaluating it)
+    # takes no step, so its train step is not compiled ahead: that compile is the largest of
+    # the three. A rollback (train.resume_step) does train.
+    steps = _Steps(s, mesh, abstract, state_shardings,
+                   train_ahead=bool(t.resume_step) or (ckpt.latest_step() or 0) < s.end_step)
+    with Stage(f"preparing the corpus ({s.data.source})"):
+      train_loader = setup.make_loader(s.data, "train")
+      train_it = iter(train_loader)
+      eval_loader = (setup.make_loader(s.data, s.data.eval_split) if t.eval_steps > 0
+                     else None)
+    baseline = (unigram_baseline(s, train_loader.rows) if eval_loader is not None
+                else (None, None))
+    if eval_loader is not None:
+      steps.start_eval(baseline[0])
     begin = recovery.restore_or_init(
         ckpt, t, abstract, lambda: start_state(s, state_shardings, pretrained),
         train_it, _say)
@@ -270,14 +274,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 class _Steps:
   """The jitted train and eval steps, their XLA compilation started ahead of the first call
   (loop_parts.Precompiled) for the argument types the loop will pass: the state's abstract
-  shapes and shardings, and global batches of pipeline.batch_spec's shapes."""
+  shapes and shardings, and global batches of pipeline.batch_spec's shapes. Without
+  `train_ahead` (a finished run) the train step stays a plain jit, compiled only if called."""
 
-  def __init__(self, s: setup.Setup, mesh, abstract, state_shardings):
+  def __init__(self, s: setup.Setup, mesh, abstract, state_shardings, *, train_ahead=True):
     self.abstract = abstract
     batch_sh = sharding.batch_sharding(mesh)
     self.batch = setup.abstract_batch(s.data, batch_sh)
     jitted = step_lib.make_train_step(s.trainer, state_shardings, batch_sh)
-    self.train = parts.Precompiled.of(jitted, abstract, self.batch, name="train step")
+    self.train = (parts.Precompiled.of(jitted, abstract, self.batch, name="train step")
+                  if train_ahead else jitted)
     self.eval = step_lib.make_eval_step(s.trainer)
 
   def start_eval(self, unigram_logp_V) -> None:

@@ -251,6 +251,11 @@ def test_steps_compiled_ahead_take_what_the_loop_passes(env, tmp_path, monkeypat
   for fn in (steps.train, steps.eval):
     assert isinstance(fn, parts.Precompiled) and not fn.fell_back, fn.name
     assert fn._compiled is not None and fn._future is None  # called, and through the program
+  if masking == "dynamic":  # the same command again: a finished run takes no step, so its
+    again = loop.train_and_evaluate(config, str(tmp_path))  # train step is not compiled
+    assert not isinstance(made[1].train, parts.Precompiled)
+    assert made[1].train._cache_size() == 0 and isinstance(made[1].eval, parts.Precompiled)
+    assert again["steps"] == 3 and again["final_eval"] == summary["final_eval"]
 
 
 def test_precompiled_falls_back_to_jit_for_other_arguments_and_passes_wrappers_through():
