@@ -560,6 +560,9 @@ class ShardedRows:
     self.take_start_S1 = np.concatenate([[0], np.cumsum(self.take_S)])
     self.row_start_S = np.concatenate([[0], np.cumsum(self.rows_S)[:-1]])
     self._records = grain.sources.ArrayRecordDataSource(files)
+    # What the rows are: their files (a build folder's name hashes its source, vocab and row
+    # settings) and the mixture's weights (unigram.row_counts counts such rows once a process).
+    self.content_key = (tuple(files), tuple(float(w) for w in self.weights_S))
 
   def __len__(self) -> int:
     return int(self.take_start_S1[-1])

@@ -37,9 +37,29 @@ def counts_of(ids_iter: Iterable[np.ndarray], vocab_size: int,
   return counts
 
 
+# (rows' content_key, vocab size, max_tokens) -> counts, for the rows of built shards.
+_COUNTED: dict[tuple, np.ndarray] = {}
+
+
 def row_counts(rows, vocab_size: int, max_tokens: int | None = 50_000_000) -> np.ndarray:
   """Counts over the real tokens of pre-training rows (any random-access source of row dicts,
-  e.g. shards.ShardedRows), specials included; past `max_tokens`, over evenly spaced rows."""
+  e.g. shards.ShardedRows), specials included; past `max_tokens`, over evenly spaced rows.
+
+  Rows that carry a `content_key` (shards.ShardedRows: built shards never change once their
+  index is written, and their folder's name hashes what they hold) are counted once per
+  process: the points of a grid run in one process (experiments.run --in_process) share their
+  corpus's count instead of reading it again (1.4 s a point on the demo corpus, up to 50M
+  tokens' reading on a large one)."""
+  key = getattr(rows, "content_key", None)
+  if key is not None:
+    key = (key, vocab_size, max_tokens)
+    if key not in _COUNTED:
+      _COUNTED[key] = _row_counts(rows, vocab_size, max_tokens)
+    return _COUNTED[key].copy()
+  return _row_counts(rows, vocab_size, max_tokens)
+
+
+def _row_counts(rows, vocab_size: int, max_tokens: int | None) -> np.ndarray:
   n = len(rows)
   if max_tokens is not None and n:
     per_row = max(1, int(rows[0]["mask"].size))

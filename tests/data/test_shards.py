@@ -137,7 +137,7 @@ def test_two_worker_command_builds_what_this_process_builds(tmp_path, corpus_dir
   assert built[0] == built[2] and len(built[0]) >= 5
 
 
-def test_unigram_counts_of_rows(tmp_path, corpus_dir, tok):
+def test_unigram_counts_of_rows(tmp_path, corpus_dir, tok, monkeypatch):
   """unigram.row_counts counts the real tokens of the rows; capped, it reads evenly spaced
   rows (not the first ones, which in a mixture are all one source's)."""
   from encoder_jax.data import unigram  # pylint: disable=g-import-not-at-top
@@ -152,6 +152,16 @@ def test_unigram_counts_of_rows(tmp_path, corpus_dir, tok):
   ids_b = tok.encode(" ".join(WORDS_B))[1:-1]
   assert 0.8 < part.sum() / (full.sum() / 4) < 1.2  # ~a quarter of the rows read
   assert 0.15 < part[ids_b].sum() / full[ids_b].sum() < 0.35  # b gets its quarter too
+  # The same built rows again (another run of the process, e.g. a grid's next point): counted
+  # once, handed out as copies; another cap or vocab size counts anew.
+  again = shards.ShardedRows(shards.prepare_shards(spec, "minilm", NSP, tmp_path, workers=0,
+                                                   docs_per_shard=16))
+  monkeypatch.setattr(shards.ShardedRows, "real_ids", lambda *a: pytest.fail("read again"))
+  first = unigram.row_counts(again, tok.vocab_size, max_tokens=None)
+  first[:] = 0
+  assert np.array_equal(unigram.row_counts(again, tok.vocab_size, max_tokens=None), full)
+  with pytest.raises(pytest.fail.Exception, match="read again"):
+    unigram.row_counts(again, tok.vocab_size + 1, max_tokens=None)
 
 
 def test_mixture_weights_and_nsp_within_a_source(tmp_path, corpus_dir, id_sets):
