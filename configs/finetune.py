@@ -140,7 +140,7 @@ def demo(c: ml_collections.ConfigDict) -> None:
   0.679, 0.665 against 0.701 without) and is off.
 
   Sentiment trains on 4,000 snippets (Brown POS on 2,000 sentences). Measured with the
-  15,000-step demo checkpoint on an Intel host with AMX (2026-12-03), 5 seeds, test accuracy
+  15,000-step demo checkpoint on an Intel host with AMX, 5 seeds, test accuracy
   median [min, max], checkpoint / random init of its shape, lr 2e-3, 2 epochs:
     2,000 rows 0.708 [0.684, 0.721] / 0.696 [0.673, 0.709]  (+1.2, ranges overlap)
     3,000 rows 0.725 [0.710, 0.733] / 0.710 [0.705, 0.720]  (+1.5, overlap)

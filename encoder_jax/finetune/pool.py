@@ -2,7 +2,7 @@
 
 Why: small encoders fine-tune on a CPU at a rate set by XLA's per-op overheads, not by the
 matmul peak. One process with two intra-op threads ran the demo's tiny fine-tuning step only
-1.57x as fast as the same process pinned to one core (2-core AMD EPYC VM, 2026-12-02), and
+1.57x as fast as the same process pinned to one core (on a 2-core AMD EPYC VM), and
 compilation (one train and one predict program per length bucket) runs on one thread anyway.
 Two single-core workers, each running whole jobs, keep both cores busy: jobs' compilations
 overlap other jobs' steps, and a core's own thread never waits for the other's at every op.
