@@ -115,9 +115,9 @@ for case in json.loads(sys.argv[1]):
 _CASES = {
     "default": dict(arg="", topology="v4:2x2x1"),
     # Pallas and FSDP in one program (a case costs ~13 s of the suite): the kernel runs inside
-    # shard_map over the batch, which FSDP splits like data parallelism does. (On a v4, XLA
-    # writes FSDP's gradient reduction without a reduce-scatter, so this case is the v5e's and
-    # the default one the v4's: both generations are compiled.)
+    # shard_map over the batch, which FSDP splits like data parallelism does. (Compiled for a
+    # v4 with FSDP over its 8 devices, compile_check.collectives finds no reduce-scatter in the
+    # program, so this case is the v5e's and the default one the v4's: both are compiled.)
     "pallas": dict(arg="size=mini,dropout=none", topology="v5e:2x2", mesh="1,-1,1"),
     # also the rbg PRNG's case: a compile costs ~13 s of the suite, and neither the attention
     # path nor the cost model's estimate depends on the other
