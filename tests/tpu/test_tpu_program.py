@@ -114,13 +114,13 @@ for case in json.loads(sys.argv[1]):
 # name -> the pretrain config argument, the TPU topology, and optionally a mesh / PRNG.
 _CASES = {
     "default": dict(arg="", topology="v4:2x2x1"),
-    # Pallas and FSDP in one program (a case costs ~13 s of the suite): the kernel runs inside
-    # shard_map over the batch, which FSDP splits like data parallelism does. (Compiled for a
-    # v4 with FSDP over its 8 devices, compile_check.collectives finds no reduce-scatter in the
-    # program, so this case is the v5e's and the default one the v4's: both are compiled.)
+    # Pallas and FSDP in one program (the 5 cases in 3 programs: 29.5 s alone, 45 s in 5): the
+    # kernel runs inside shard_map over the batch, which FSDP splits like data parallelism
+    # does. (Compiled for a v4 with FSDP over its 8 devices, compile_check.collectives finds no
+    # reduce-scatter in the program, so this case is the v5e's and the default one the v4's.)
     "pallas": dict(arg="size=mini,dropout=none", topology="v5e:2x2", mesh="1,-1,1"),
-    # also the rbg PRNG's case: a compile costs ~13 s of the suite, and neither the attention
-    # path nor the cost model's estimate depends on the other
+    # also the rbg PRNG's case: neither the attention path nor the cost model's estimate
+    # depends on the other
     "untileable_rows": dict(arg="dropout=none,runlocal", topology="v5e:2x2", prng="rbg"),
 }
 

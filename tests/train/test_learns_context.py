@@ -15,8 +15,9 @@ Calibration (2-core CPU, on the row shards): one layer ends 0.573 nats below the
 1,000: the model leaves the plateau steeply past ~1,000 steps). A higher learning rate does
 worse: at 6e-3 and 1e-2 two layers were still on the plateau at 600-800 steps, one layer at 6e-3
 only 0.12 below it at 1,200. With attention broken one layer is 0.009 nats below the baseline
-at 400 steps and 0.009 at 1,500 (two layers: 0.009 at 400, 0.005 at 1,200, 0.01 at 1,500), at
-the unigram's accuracy: a blind model's gap is flat, so its run stops at CONTROL_STEPS.
+at 400 steps and 0.009 at 1,500 (two layers: 0.009 at 400; earlier calibrations, on other
+draws of the rows, 0.005 at 1,200 and 0.01 at 1,500), at the unigram's accuracy: a blind
+model's gap is flat, so its run stops at CONTROL_STEPS.
 
 The check reads the scores at the targets whose input was [MASK] (`*_at_mask_*`): with BERT's
 80/10/10 a tenth of the targets stay visible, and a context-free model learns to copy them,
