@@ -19,6 +19,7 @@ INSTALL_REQUIRES = [
     "absl-py==2.5.1",
     "filelock==4.3.1",  # one builder of a TFDS dataset at a time across processes
     "numpy==2.4.6",
+    "scipy==1.17.1",  # jax needs it anyway; the fine-tuning Spearman ranks with it
     "tokenizers==0.23.3",
     "safetensors==0.8.0",
     "tensorboardX==2.6.5",

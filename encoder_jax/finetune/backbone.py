@@ -96,17 +96,14 @@ def load_backbone(init: str, *, model_overrides: dict[str, Any] | None = None,
     from encoder_jax.convert import load_hf_bert, load_hf_electra
     from encoder_jax.data.fetch import minilm_dir
     path = minilm_dir(cache_dir) if init == "minilm" else pathlib.Path(init[3:])
-    if hf_model_type(path) == "electra":
-      # An ELECTRA discriminator (or generator) folder: its encoder; ELECTRA has no pooler,
-      # so a [CLS] classifier's pooler starts from the fine-tuning seed.
-      model = load_hf_electra(path, **overrides)
-      enc = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model.encoder, nnx.Param)))
-      return Backbone(model.cfg, enc, None, f"hf:{path}")
-    model = load_hf_bert(path, **overrides)
-    enc = jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model.encoder, nnx.Param)))
-    pooler = (None if model.pooler is None else
-              jax.tree.map(np.asarray, nnx.to_pure_dict(nnx.state(model.pooler, nnx.Param))))
-    return Backbone(model.cfg, enc, pooler, f"hf:{path}")
+    # An ELECTRA discriminator (or generator) folder: its encoder; ELECTRA has no pooler,
+    # so a [CLS] classifier's pooler starts from the fine-tuning seed.
+    load = load_hf_electra if hf_model_type(path) == "electra" else load_hf_bert
+    model = load(path, **overrides)
+    host = lambda m: None if m is None else jax.tree.map(
+        np.asarray, nnx.to_pure_dict(nnx.state(m, nnx.Param)))
+    return Backbone(model.cfg, host(model.encoder), host(getattr(model, "pooler", None)),
+                    f"hf:{path}")
   if init.startswith("ckpt:"):
     return load_pretraining_checkpoint(init[5:], **overrides)
   raise ValueError(f"init={init!r}; use 'minilm', 'hf:<dir>', 'ckpt:<dir>' or 'random'.")

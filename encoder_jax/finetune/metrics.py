@@ -17,6 +17,7 @@ import string
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+import scipy.stats
 
 from encoder_jax.objectives.masking import IGNORE_LABEL
 
@@ -58,19 +59,9 @@ def pearson(x_N, y_N) -> float:
   return float(x_N @ y_N / denom) if denom > 0 else 0.0
 
 
-def _average_ranks(x_N) -> np.ndarray:
-  """Ranks 1..N with ties sharing their mean rank (scipy.stats.rankdata's 'average')."""
-  x_N = np.asarray(x_N)
-  order = np.argsort(x_N, kind="mergesort")
-  ranks_N = np.empty(len(x_N), np.float64)
-  ranks_N[order] = np.arange(1, len(x_N) + 1)
-  _, inverse, counts = np.unique(x_N, return_inverse=True, return_counts=True)
-  sums = np.bincount(inverse, weights=ranks_N)
-  return (sums / counts)[inverse]
-
-
 def spearman(x_N, y_N) -> float:
-  return pearson(_average_ranks(x_N), _average_ranks(y_N))
+  """Pearson of average ranks (ties share their mean rank)."""
+  return pearson(scipy.stats.rankdata(x_N), scipy.stats.rankdata(y_N))
 
 
 def tagging_accuracy(pred_BxT, label_BxT, ignore: int = IGNORE_LABEL) -> float:

@@ -67,11 +67,8 @@ class CheckpointSaveError(OSError):
 
 
 def _sha256(path: epath.Path) -> str:
-  h = hashlib.sha256()
   with path.open("rb") as f:
-    while chunk := f.read(1 << 22):
-      h.update(chunk)
-  return h.hexdigest()
+    return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _files(step_dir: epath.Path) -> list[str]:
@@ -296,9 +293,7 @@ class Checkpointer:
     return moved
 
   def _sync_and_reload(self) -> None:
-    if jax.process_count() > 1:
-      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-      multihost_utils.sync_global_devices("encoder_jax checkpoint folders moved")
+    paths.sync("encoder_jax checkpoint folders moved")
     self.manager.reload()
 
   def read_meta(self, step: int) -> dict:

@@ -62,15 +62,12 @@ def compile_train_step(config, devices=None, platform: str | None = None):
     devices = jax.devices()
   s = setup.build(config, platform or devices[0].platform)
   mesh = sharding.mesh_from_config(s.mesh, devices)
-  abstract = jax.eval_shape(s.init_fn)
-  state_shardings = sharding.state_shardings(abstract, mesh)
-  state_in = jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
-                          abstract, state_shardings)
+  abstract, state_shardings = sharding.sharded_abstract_state(s.init_fn, mesh)
   batch_sharding = sharding.batch_sharding(mesh)
   batch_in = setup.abstract_batch(s.data, batch_sharding)
   train_step = step_lib.make_train_step(s.trainer, state_shardings, batch_sharding)
   t0 = time.perf_counter()
-  compiled = train_step.lower(state_in, batch_in).compile()
+  compiled = train_step.lower(abstract, batch_in).compile()
   return compiled, s, state_shardings, abstract, mesh, time.perf_counter() - t0
 
 
@@ -119,8 +116,6 @@ def analyze(compiled) -> dict[str, float]:
                peak_bytes=(mem.argument_size_in_bytes + mem.temp_size_in_bytes
                            + mem.output_size_in_bytes - mem.alias_size_in_bytes))
   cost = compiled.cost_analysis()
-  if isinstance(cost, (list, tuple)):  # older jax: one dict per computation
-    cost = cost[0] if cost else {}
   for key, name in (("flops", "xla_flops"), ("bytes accessed", "bytes_accessed"),
                     ("optimal_seconds", "optimal_seconds")):
     if cost and key in cost:

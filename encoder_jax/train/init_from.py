@@ -50,14 +50,8 @@ def source_tree(pre: Pretrained, is_electra: bool) -> dict:
   if pre.full is not None:
     return pre.full
   enc_at, pool_at = ENCODER_PATHS["electra" if is_electra else "mlm"]
-  tree: dict = {}
-  for at, sub in ((enc_at, pre.encoder), (pool_at, pre.pooler)):
-    if sub is not None:
-      node = tree
-      for k in at[:-1]:
-        node = node.setdefault(k, {})
-      node[at[-1]] = sub
-  return tree
+  return traverse_util.unflatten_dict(
+      {at: sub for at, sub in ((enc_at, pre.encoder), (pool_at, pre.pooler)) if sub is not None})
 
 
 def merge(fresh: dict, source: dict, what: str) -> tuple[dict, list[str], list[str]]:

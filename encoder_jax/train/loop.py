@@ -59,7 +59,6 @@ import json
 import signal
 import threading
 import time
-from typing import Any
 
 from etils import epath
 import jax
@@ -158,15 +157,6 @@ class _Preemption:
       signal.signal(signal.SIGTERM, self._old)
 
 
-def sharded_abstract_state(init_fn, mesh) -> tuple[Any, Any]:
-  """(the state's shapes with their shardings, the shardings): parameters and optimizer state
-  follow their logical axis names on `mesh` (encoder_jax.train.sharding)."""
-  abstract = jax.eval_shape(init_fn)
-  shardings = sharding.state_shardings(abstract, mesh)
-  return jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
-                      abstract, shardings), shardings
-
-
 def unigram_baseline(s: setup.Setup, train_rows) -> tuple[jax.Array, float]:
   """(log-probabilities over the vocab, entropy) of the training rows' unigram distribution
   (`train_rows`: the train loader's, already open): the context-free baseline every evaluation
@@ -210,7 +200,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   # The mesh (data, fsdp, tensor) comes from config.mesh; nothing below depends on it:
   # batches are split over data x fsdp, checkpoints restore into the state's shardings.
   mesh = sharding.mesh_from_config(s.mesh)
-  abstract, state_shardings = sharded_abstract_state(s.init_fn, mesh)
+  abstract, state_shardings = sharding.sharded_abstract_state(s.init_fn, mesh)
   ckpt = Checkpointer(workdir / "checkpoints", keep=t.keep)
   run = None
   try:

@@ -274,11 +274,7 @@ class StepProfiler:
     t0 = time.perf_counter()  # ... and counted as training; stopping and writing are not
     self._stop()
     if self.local != self.logdir:
-      for f in self.local.rglob("*"):
-        if f.is_file():
-          dest = self.logdir / f.relative_to(self.local)
-          dest.parent.mkdir(parents=True, exist_ok=True)
-          dest.write_bytes(f.read_bytes())
+      paths.copy_tree(self.local, self.logdir)
     self.local, self.done = None, True
     return time.perf_counter() - t0
 

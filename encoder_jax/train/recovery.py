@@ -18,6 +18,7 @@ import json
 from typing import Any, Callable
 
 from etils import epath
+from flax.traverse_util import flatten_dict
 import jax
 import numpy as np
 
@@ -55,13 +56,6 @@ class Window:
     return {"n": self.n, "sums": dict(self.sums)}
 
 
-def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
-  out = {}
-  for k, v in d.items():
-    out |= _flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v}
-  return out
-
-
 class ConfigRecord:
   """config.json holds the config of the newest checkpoints.
 
@@ -83,7 +77,7 @@ class ConfigRecord:
     if old_text == self.text:
       return
     try:
-      old, new = _flat(json.loads(old_text)), _flat(json.loads(self.text))
+      old, new = (flatten_dict(json.loads(x), sep=".") for x in (old_text, self.text))
       changed = [f"{k}: {old.get(k)} -> {new.get(k)}" for k in sorted(set(old) | set(new))
                  if old.get(k) != new.get(k)]
     except ValueError:

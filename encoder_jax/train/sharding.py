@@ -125,6 +125,15 @@ def state_shardings(abstract_state: Any, mesh: Mesh,
       specs, abstract_state, is_leaf=lambda x: isinstance(x, P) or masked(x))
 
 
+def sharded_abstract_state(init_fn, mesh) -> tuple[Any, Any]:
+  """(the state's shapes with their shardings, the shardings): parameters and optimizer state
+  follow their logical axis names on `mesh`."""
+  abstract = jax.eval_shape(init_fn)
+  shardings = state_shardings(abstract, mesh)
+  return jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                      abstract, shardings), shardings
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
   """Leading (batch) axis over data x fsdp; everything else replicated."""
   return NamedSharding(mesh, P(BATCH_AXES))

@@ -23,7 +23,7 @@ import jax
 import numpy as np
 import pytest
 
-from encoder_jax.train import checkpoint, loop, setup, sharding
+from encoder_jax.train import checkpoint, setup, sharding
 from loop_helpers import CONFIG_FILE, ROOT, eval_rows, tiny_config, train_rows
 from multihost_helpers import free_port
 
@@ -144,7 +144,7 @@ def _steps(workdir):
 def _restore_params(config, workdir, step):
   """The parameters of checkpoint `step`, restored in this process (8 devices) onto MESH."""
   s = setup.build(config)
-  abstract, _ = loop.sharded_abstract_state(s.init_fn, sharding.mesh_from_config(MESH))
+  abstract, _ = sharding.sharded_abstract_state(s.init_fn, sharding.mesh_from_config(MESH))
   ckpt = checkpoint.Checkpointer(epath.Path(workdir) / "checkpoints", async_save=False)
   try:
     state, data, _ = ckpt.restore(step, abstract)
