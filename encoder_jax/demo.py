@@ -115,10 +115,7 @@ def run_finetuning(tasks, inits, pretrain_dir: pathlib.Path, workdir: pathlib.Pa
 
   for (key, _), result in zip(todo, pool.run_jobs([job for _, job in todo], workers, on_done)):
     done[key] = result
-  out: dict[str, dict[str, dict]] = {}
-  for task, init in jobs:
-    out.setdefault(task, {})[init] = done[(task, init)]
-  return out
+  return {t: {i: done[(t, i)] for i in inits} for t in tasks}
 
 
 def _majority_rate(task: str, cache_dir=None) -> float | None:

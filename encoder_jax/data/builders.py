@@ -26,7 +26,6 @@ import os
 import pathlib
 import re
 import tempfile
-import time
 from collections.abc import Callable, Iterable, Iterator
 
 from absl import logging
@@ -187,31 +186,12 @@ def source_key(source: str, *, data_dir: str, blank_line_docs: bool = False,
   return slug(source)
 
 
-def demo_source_documents(source: str, cache_dir=None) -> Iterator[sources.Document]:
-  """The documents of 'demo' | 'demo:<part>[+<part>...]' (parts from sources.DEMO_PARTS and
-  OPTIONAL_PARTS), in a fixed order, split into sentences."""
-  rest = source.partition(":")[2]
-  parts = tuple(rest.split("+")) if rest else sources.DEMO_PARTS
-  known = sources.DEMO_PARTS + sources.OPTIONAL_PARTS
-  unknown = sorted(set(parts) - set(known))
-  if unknown:
-    raise ValueError(f"source {source!r}: unknown demo part(s) {unknown}; use 'demo' or "
-                     f"'demo:' + parts from {list(known)} joined by '+'.")
-  yield from sources.demo_documents(cache_dir, split=None, parts=parts)
-
-
-def tokenize_documents(docs: Iterable[sources.Document], tok: tokenizer.WordPieceTokenizer,
-                       log_every_s: float = 10.0,
-                       allow_empty: bool = False) -> Iterator[tuple[str, dict]]:
-  """Tokenizes documents in large batches; yields (doc_id, record). Logs progress with rates.
-
-  Raises ValueError when no document has text, unless allow_empty (a small corpus may leave
-  the ~2% validation split empty; reading it later raises instead)."""
-  start = last_log = time.time()
-  n_docs = n_sents = n_tokens = 0
+def tokenize_documents(docs: Iterable[sources.Document],
+                       tok: tokenizer.WordPieceTokenizer) -> Iterator[tuple[str, dict]]:
+  """Tokenizes documents in large batches; yields (doc_id, record), skipping (with a warning)
+  documents without a token."""
 
   def flush(batch):
-    nonlocal n_docs, n_sents, n_tokens, last_log
     sents = [s for d in batch for s in d.sentences]
     ids_N, lengths_S = tok.encode_batch_np(sents)
     starts_N = tok.word_starts(ids_N)
@@ -228,14 +208,7 @@ def tokenize_documents(docs: Iterable[sources.Document], tok: tokenizer.WordPiec
       if n == 0:
         logging.warning("document %s has no tokens; skipped", d.doc_id)
         continue
-      n_docs += 1
-      n_sents += int(keep.sum())
-      n_tokens += n
       yield d.doc_id, rec
-    if time.time() - last_log > log_every_s:
-      last_log = time.time()
-      logging.info("tokenized %d documents, %d sentences, %d tokens (%.0f tokens/s)",
-                   n_docs, n_sents, n_tokens, n_tokens / (last_log - start))
 
   batch, batch_sents = [], 0
   for d in docs:
@@ -246,12 +219,6 @@ def tokenize_documents(docs: Iterable[sources.Document], tok: tokenizer.WordPiec
       batch, batch_sents = [], 0
   if batch:
     yield from flush(batch)
-  dt = max(time.time() - start, 1e-9)
-  logging.info("tokenized %d documents, %d sentences, %d tokens in %.1f s (%.0f tokens/s)",
-               n_docs, n_sents, n_tokens, dt, n_tokens / dt)
-  if n_docs == 0 and not allow_empty:
-    raise ValueError("the source produced no document with text; refusing to write an "
-                     "empty dataset")
 
 
 def prepare(make: Callable[[str], tfds.core.DatasetBuilder],

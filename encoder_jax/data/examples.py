@@ -187,6 +187,16 @@ def _truncate_pair(a, b, max_tokens, rng):
   return (a0 + front_a, a1 - (cut_a - front_a)), (b0 + front_b, b1 - (cut_b - front_b))
 
 
+def _add_pair(out: "_Builder", a, b, label, cfg: "ExampleConfig", rng):
+  """A two-segment example: with SOP, A and B swapped half the time (label 1); truncated."""
+  if cfg.sop:
+    label = int(rng.random() < 0.5)
+    if label:
+      a, b = b, a
+  a, b = _truncate_pair(a, b, cfg.max_length - 3, rng)
+  out.add([(a[0], a[1], 0, False), (b[0], b[1], 1, False)], label)
+
+
 def _other_doc(rng, d, n_docs):
   o = int(rng.integers(0, n_docs - 1))
   return o + (o >= d)
@@ -235,18 +245,12 @@ def _segment_pairs(c: Corpus, cfg: ExampleConfig, rng, out: _Builder):
         else:
           b = _run(c, chunk_first + a_n, chunk_n - a_n)
           label = 0 if cfg.nsp else -1
-        if cfg.sop:
-          label = int(rng.random() < 0.5)
-          if label:
-            a, b = b, a
-        a, b = _truncate_pair(a, b, max_tokens, rng)
-        out.add([(a[0], a[1], 0, False), (b[0], b[1], 1, False)], label)
+        _add_pair(out, a, b, label, cfg, rng)
         chunk_first, chunk_n, chunk_len = i + 1, 0, 0
       i += 1
 
 
 def _sentence_pairs(c: Corpus, cfg: ExampleConfig, rng, out: _Builder):
-  max_tokens = cfg.max_length - 3
   starts = c.doc_sent_start_D1
   for d in range(c.num_docs):
     first, stop = int(starts[d]), int(starts[d + 1])
@@ -258,14 +262,9 @@ def _sentence_pairs(c: Corpus, cfg: ExampleConfig, rng, out: _Builder):
         b, label = _run(c, int(rng.integers(starts[o], starts[o + 1])), 1), 1
       elif has_next:
         b, label = _run(c, i + 1, 1), (0 if cfg.nsp else -1)
-        if cfg.sop:
-          label = int(rng.random() < 0.5)
-          if label:
-            a, b = b, a
       else:
         continue  # the last odd sentence has no partner; keeping it would bias the labels
-      a, b = _truncate_pair(a, b, max_tokens, rng)
-      out.add([(a[0], a[1], 0, False), (b[0], b[1], 1, False)], label)
+      _add_pair(out, a, b, label, cfg, rng)
 
 
 def _contiguous(c: Corpus, cfg: ExampleConfig, out: _Builder, cross_docs: bool):
@@ -368,6 +367,13 @@ def make_plan(c: Corpus, cfg: ExampleConfig) -> Plan:
   return Plan(start_P, end_P, seg_P, sep_P.astype(bool), ptr_E1, labels, len_E, ex_ptr)
 
 
+def empty_row(T: int, pad_id: int) -> dict[str, np.ndarray]:
+  """An all-padding row of the layout `Rows` documents (without nsp_label)."""
+  return {"input_ids": np.full(T, pad_id, np.int32), "mask": np.zeros(T, bool),
+          "token_types": np.zeros(T, np.int32), "segment_ids": np.zeros(T, np.int32),
+          "positions": np.zeros(T, np.int32), "word_starts": np.zeros(T, bool)}
+
+
 class Rows:
   """Random-access rows of a plan (a grain data source: __len__ and __getitem__).
 
@@ -413,13 +419,7 @@ class Rows:
     r = int(r)
     if not 0 <= r < len(self):
       raise IndexError(f"row {r} out of range [0, {len(self)})")
-    T = self.cfg.max_length
-    row = {"input_ids": np.full(T, self.pad_id, np.int32),
-           "mask": np.zeros(T, bool),
-           "token_types": np.zeros(T, np.int32),
-           "segment_ids": np.zeros(T, np.int32),
-           "positions": np.zeros(T, np.int32),
-           "word_starts": np.zeros(T, bool)}
+    row = empty_row(self.cfg.max_length, self.pad_id)
     at = 0
     first, stop = self.plan.ex_ptr_R1[r], self.plan.ex_ptr_R1[r + 1]
     for k, e in enumerate(range(first, stop)):

@@ -160,10 +160,8 @@ def batch_spec(example: examples.ExampleConfig, global_batch_size: int,
   """{key: (shape, dtype)} of the global batches `pretrain_loader` yields for these settings
   (the table in the module docstring), without building a corpus: what an ahead-of-time
   compile of the train step needs (encoder_jax.train.compile_check)."""
-  B, T = global_batch_size, example.max_length
-  spec = {k: ((B, T), np.dtype(np.int32))
-          for k in ("input_ids", "token_types", "segment_ids", "positions")}
-  spec |= {k: ((B, T), np.dtype(bool)) for k in ("mask", "word_starts")}
+  B = global_batch_size
+  spec = {k: ((B, *v.shape), v.dtype) for k, v in examples.empty_row(example.max_length, 0).items()}
   if example.nsp or example.sop:
     spec["nsp_label"] = ((B,), np.dtype(np.int32))
   if example_ids:

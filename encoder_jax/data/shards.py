@@ -132,7 +132,8 @@ def raw_documents(source: str, opts: SourceOptions,
   sentences by the build workers; the demo's sources come split already."""
   kind, _, rest = source.partition(":")
   if kind == "demo":
-    for d in builders.demo_source_documents(source, opts.cache_dir):
+    parts = tuple(rest.split("+")) if rest else sources.DEMO_PARTS
+    for d in sources.demo_documents(opts.cache_dir, split=None, parts=parts):
       yield d.doc_id, d.sentences
   elif kind == "files":
     globs, field = sources.parse_files_spec(rest)
@@ -183,10 +184,7 @@ def decode_row(data: bytes, max_length: int, pad_id: int,
   nb = (n + 7) // 8
   word_starts = np.unpackbits(np.frombuffer(data, np.uint8, nb, at), count=n).astype(bool)
   types = np.unpackbits(np.frombuffer(data, np.uint8, nb, at + nb), count=n)
-  T = max_length
-  row = {"input_ids": np.full(T, pad_id, np.int32), "mask": np.zeros(T, bool),
-         "token_types": np.zeros(T, np.int32), "segment_ids": np.zeros(T, np.int32),
-         "positions": np.zeros(T, np.int32), "word_starts": np.zeros(T, bool)}
+  row = examples.empty_row(max_length, pad_id)
   row["input_ids"][:n] = ids
   row["mask"][:n] = True
   row["token_types"][:n] = types
@@ -272,8 +270,7 @@ def build_shard(task: _ShardTask) -> dict:
         docs.append(sources.Document(doc_id, sents))
       else:
         empty += 1
-    records = [rec for _, rec in builders.tokenize_documents(docs, tok, log_every_s=math.inf,
-                                                             allow_empty=True)]
+    records = [rec for _, rec in builders.tokenize_documents(docs, tok)]
     empty += len(docs) - len(records)
     if task.tokens:
       _save_tokens(task.tokens, records, empty)
@@ -415,14 +412,10 @@ def build_source(part: str, vocab_path: str, example: examples.ExampleConfig, ou
   if splits["train"]["rows"] == 0:
     raise ValueError(f"source {part!r}: no training row from {n_docs} documents (too few or too "
                      f"short for format {example.format!r}?)")
-  per_worker = collections.defaultdict(
-      lambda: {"tokens": 0, "seconds": 0.0, "cpu_seconds": 0.0, "shards": 0})
+  per_worker = collections.defaultdict(collections.Counter)
   for d in done:
-    w = per_worker[d["pid"]]
-    w["tokens"] += d["tokens"]
-    w["seconds"] += d["seconds"]
-    w["cpu_seconds"] += d["cpu_seconds"]
-    w["shards"] += 1
+    per_worker[d["pid"]].update(tokens=d["tokens"], seconds=d["seconds"],
+                                cpu_seconds=d["cpu_seconds"], shards=1)
   tokens = sum(s["tokens"] for s in splits.values())
   tok = tokenizer.WordPieceTokenizer.load(vocab_path, lowercase=lowercase)
   index = {**key, "max_length": example.max_length, "pad_id": tok.pad_id, "token_dir": token_dir,

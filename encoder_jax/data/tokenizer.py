@@ -22,6 +22,8 @@ import numpy as np
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from encoder_jax import paths
+
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 CONTINUATION = "##"
 
@@ -104,10 +106,6 @@ class WordPieceTokenizer:
     """WordPiece ids of `text`, without [CLS]/[SEP]."""
     return self._plain.encode(text, add_special_tokens=False).ids
 
-  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-    """`encode` over many texts, in parallel on all cores (Rust threads)."""
-    return [e.ids for e in self._plain.encode_batch(list(texts), add_special_tokens=False)]
-
   def encode_batch_np(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """Flat ids (int32 [N]) and each text's length (int32 [len(texts)]): cheap to store."""
     encs = self._plain.encode_batch(list(texts), add_special_tokens=False)
@@ -138,16 +136,18 @@ class WordPieceTokenizer:
     if max_length <= n_special:
       raise ValueError(f"max_length={max_length} leaves no room for text after {n_special} "
                        "special tokens")
+    inputs = list(texts_a) if texts_b is None else list(zip(texts_a, texts_b))
+    return self._encode_padded(inputs, max_length)[1]
+
+  def _encode_padded(self, inputs, max_length: int, **kwargs):
+    """(encodings, {input_ids, mask, token_types} int32 [B, max_length]) of `inputs` with
+    specials, truncated longest-first and padded."""
     self._pairs.enable_truncation(max_length, strategy="longest_first")
     self._pairs.enable_padding(pad_id=self.pad_id, pad_token="[PAD]", length=max_length)
-    inputs = list(texts_a) if texts_b is None else list(zip(texts_a, texts_b))
-    encs = self._pairs.encode_batch(inputs)
-    return {
-        "input_ids": np.array([e.ids for e in encs], np.int32).reshape(-1, max_length),
-        "mask": np.array([e.attention_mask for e in encs], np.int32).reshape(-1, max_length),
-        "token_types": np.array([e.type_ids for e in encs], np.int32).reshape(-1, max_length),
-    }
-
+    encs = self._pairs.encode_batch(inputs, **kwargs)
+    return encs, {k: np.array([getattr(e, a) for e in encs], np.int32).reshape(-1, max_length)
+                  for k, a in (("input_ids", "ids"), ("mask", "attention_mask"),
+                               ("token_types", "type_ids"))}
 
   def batch_encode_words(self, words_batch: Sequence[Sequence[str]],
                          labels_batch: Sequence[Sequence[int]] | None = None,
@@ -159,14 +159,8 @@ class WordPieceTokenizer:
     (-100) on later pieces, specials, pads and words cut off by truncation; and `first_piece`
     (bool [B, T]) marking the labelled positions.
     """
-    self._pairs.enable_truncation(max_length, strategy="longest_first")
-    self._pairs.enable_padding(pad_id=self.pad_id, pad_token="[PAD]", length=max_length)
-    encs = self._pairs.encode_batch([list(w) for w in words_batch], is_pretokenized=True)
-    out = {
-        "input_ids": np.array([e.ids for e in encs], np.int32).reshape(-1, max_length),
-        "mask": np.array([e.attention_mask for e in encs], np.int32).reshape(-1, max_length),
-        "token_types": np.array([e.type_ids for e in encs], np.int32).reshape(-1, max_length),
-    }
+    encs, out = self._encode_padded([list(w) for w in words_batch], max_length,
+                                    is_pretokenized=True)
     word_BxT = np.array([[-1 if w is None else w for w in e.word_ids] for e in encs],
                         np.int64).reshape(-1, max_length)
     prev_BxT = np.concatenate([np.full((len(encs), 1), -1), word_BxT[:, :-1]], axis=1)
@@ -211,7 +205,6 @@ def train_vocab(files_or_iterator: Iterable[str] | Sequence[os.PathLike], vocab_
     raise ValueError("train_vocab: the input held no text; nothing to learn a vocabulary from")
   out_path = pathlib.Path(out_path)
   out_path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = out_path.with_name(out_path.name + ".tmp")
   # Specials first (their ids are fixed), then the rest sorted by string. The trainer numbers
   # its alphabet in hash-map order, which changes from run to run: on the 3.6M-token demo
   # corpus two runs gave the same 8,192 tokens in different orders (sorting makes those files
@@ -219,8 +212,5 @@ def train_vocab(files_or_iterator: Iterable[str] | Sequence[os.PathLike], vocab_
   # between equally frequent merges can even change the set. WordPiece's greedy longest match
   # does not use the order.
   rest = sorted(t for t in vocab if t not in SPECIAL_TOKENS)
-  with open(tmp, "w", encoding="utf-8") as f:
-    for token in [*SPECIAL_TOKENS, *rest]:
-      f.write(token + "\n")
-  os.replace(tmp, out_path)
+  paths.write_atomic(out_path, "".join(t + "\n" for t in [*SPECIAL_TOKENS, *rest]).encode())
   return WordPieceTokenizer.from_vocab(out_path, lowercase=lowercase)

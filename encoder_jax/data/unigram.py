@@ -42,41 +42,21 @@ _COUNTED: dict[tuple, np.ndarray] = {}
 
 
 def row_counts(rows, vocab_size: int, max_tokens: int | None = 50_000_000) -> np.ndarray:
-  """Counts over the real tokens of pre-training rows (any random-access source of row dicts,
-  e.g. shards.ShardedRows), specials included; past `max_tokens`, over evenly spaced rows.
+  """Counts over the real tokens of the rows of built shards (shards.ShardedRows), specials
+  included; past `max_tokens`, over evenly spaced rows.
 
-  Rows that carry a `content_key` (shards.ShardedRows: built shards never change once their
-  index is written, and their folder's name hashes what they hold) are counted once per
-  process: the points of a grid run in one process (experiments.run --in_process) share their
-  corpus's count instead of reading it again (1.4 s a point on the demo corpus, up to 50M
-  tokens' reading on a large one)."""
-  key = getattr(rows, "content_key", None)
-  if key is not None:
-    key = (key, vocab_size, max_tokens)
-    if key not in _COUNTED:
-      _COUNTED[key] = _row_counts(rows, vocab_size, max_tokens)
-    return _COUNTED[key].copy()
-  return _row_counts(rows, vocab_size, max_tokens)
-
-
-def _row_counts(rows, vocab_size: int, max_tokens: int | None) -> np.ndarray:
-  n = len(rows)
-  if max_tokens is not None and n:
-    per_row = max(1, int(rows[0]["mask"].size))
-    n_read = min(n, -(-max_tokens // per_row))
+  Counted once per process for each `rows.content_key` (built shards never change once their
+  index is written, and their folder's name hashes what they hold): the points of a grid run
+  in one process (experiments.run --in_process) share their corpus's count instead of reading
+  it again (1.4 s a point on the demo corpus, up to 50M tokens' reading on a large one)."""
+  key = (rows.content_key, vocab_size, max_tokens)
+  if key not in _COUNTED:
+    n = len(rows)
+    n_read = n if max_tokens is None else min(n, -(-max_tokens // rows.max_length))
     order = np.linspace(0, n - 1, n_read).round().astype(np.int64)
-  else:
-    order = np.arange(n)
-
-  def real_ids():
-    if hasattr(rows, "real_ids"):  # shards.ShardedRows: ids alone, read in batches of rows
-      for start in range(0, len(order), 4096):
-        yield rows.real_ids(order[start:start + 4096])
-      return
-    for i in order:
-      row = rows[int(i)]
-      yield row["input_ids"][row["mask"]]
-  return counts_of(real_ids(), vocab_size, max_tokens)
+    _COUNTED[key] = counts_of((rows.real_ids(order[i:i + 4096])
+                               for i in range(0, len(order), 4096)), vocab_size, max_tokens)
+  return _COUNTED[key].copy()
 
 
 def _kept(counts: np.ndarray, special_ids: Sequence[int]) -> np.ndarray:
