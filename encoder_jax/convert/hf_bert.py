@@ -83,13 +83,17 @@ def hf_bert_gaps(cfg: ModelConfig) -> list[str]:
   return gaps
 
 
-def model_config_to_hf_config(cfg: ModelConfig, architectures: list[str]) -> dict[str, Any]:
-  if gaps := hf_bert_gaps(cfg):
-    raise ValueError(f"HF BERT cannot represent this encoder, which has {' and '.join(gaps)}: "
-                     "transformers would compute something else. Export post-LN models "
-                     "with position_bias='none' only.")
+def model_config_to_hf_config(cfg: ModelConfig, architectures: list[str], *,
+                              model_type: str = "bert", gaps: list[str] | None = None
+                              ) -> dict[str, Any]:
+  """HF config.json of `cfg` (model_type "bert", or "electra" with `gaps=hf_electra_gaps(..)`)."""
+  if gaps := hf_bert_gaps(cfg) if gaps is None else gaps:
+    raise ValueError(f"HF {model_type.upper()} cannot represent this encoder, which has "
+                     f"{' and '.join(gaps)}: transformers would compute something else. Export "
+                     "post-LN models with position_bias='none' only.")
   return {
-      "architectures": architectures, "model_type": "bert",
+      "architectures": architectures, "model_type": model_type,
+      **({"embedding_size": cfg.embed_size} if model_type == "electra" else {}),
       "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
       "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
       "intermediate_size": cfg.ffn_size, "max_position_embeddings": cfg.max_positions,
@@ -194,10 +198,7 @@ def hf_tensors_to_params(t: dict[str, np.ndarray], cfg: ModelConfig, *, pretrain
 
   Raises if a tensor our model needs is missing; returns the leftovers untouched in `t`.
   """
-  t = {k.removeprefix("bert."): v for k, v in t.items()}
-  for k in list(t):
-    if k.endswith(_IGNORED_KEYS):
-      t.pop(k)
+  t = {k.removeprefix("bert."): v for k, v in t.items() if not k.endswith(_IGNORED_KEYS)}
   try:
     bert: dict[str, Any] = {"encoder": _encoder_from_hf(t, cfg)}
     if (nsp if pretraining else pooler):
@@ -281,19 +282,16 @@ def load_hf_bert(path: str | os.PathLike, *, pretraining: bool = False, nsp: boo
 
 def _assign(model: nnx.Module, params: dict[str, Any]) -> None:
   state = nnx.state(model, nnx.Param)
-  want = jax.tree.map(lambda x: (x.shape, x.dtype), nnx.to_pure_dict(state))
-  got = jax.tree.map(lambda x: x.shape, params)
-  if jax.tree.structure(got) != jax.tree.structure(jax.tree.map(lambda s: s[0], want,
-                                                                 is_leaf=lambda x: isinstance(
-                                                                     x, tuple))):
-    raise ValueError(f"Converted parameter tree does not match the model:\n{got}\nvs\n{want}")
+  want = nnx.to_pure_dict(state)
+  if jax.tree.structure(params) != jax.tree.structure(want):
+    raise ValueError(f"Converted parameter tree does not match the model:\n"
+                     f"{jax.tree.map(np.shape, params)}\nvs\n"
+                     f"{jax.tree.map(lambda w: w.shape, want)}")
   def cast(x, w):
-    shape, dtype = w
-    if x.shape != shape:
-      raise ValueError(f"HF tensor of shape {x.shape} does not fit parameter shape {shape}.")
-    return jax.numpy.asarray(x, dtype=dtype)
-  nnx.replace_by_pure_dict(state, jax.tree.map(cast, params, want,
-                                               is_leaf=lambda x: isinstance(x, np.ndarray)))
+    if x.shape != w.shape:
+      raise ValueError(f"HF tensor of shape {x.shape} does not fit parameter shape {w.shape}.")
+    return jax.numpy.asarray(x, dtype=w.dtype)
+  nnx.replace_by_pure_dict(state, jax.tree.map(cast, params, want))
   nnx.update(model, state)
 
 

@@ -32,11 +32,11 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from encoder_jax.convert.hf_bert import (_ACT_TO_HF, _assign, _dense_from_hf, _dense_to_hf,
+from encoder_jax.convert.hf_bert import (_assign, _dense_from_hf, _dense_to_hf,
                                          _encoder_from_hf, _encoder_to_hf, _ln_from_hf,
                                          _ln_to_hf, _pure_params, encoder_gaps,
-                                         hf_config_to_model_config, read_hf_folder,
-                                         write_hf_folder)
+                                         hf_config_to_model_config, model_config_to_hf_config,
+                                         read_hf_folder, write_hf_folder)
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.model.electra import ElectraDiscriminator, ElectraGenerator, ElectraModel
 
@@ -69,26 +69,6 @@ def hf_electra_pair_gaps(disc: ModelConfig, gen: ModelConfig) -> list[str]:
                  if g not in gaps]
 
 
-def model_config_to_hf_electra_config(cfg: ModelConfig, architectures: list[str]
-                                      ) -> dict[str, Any]:
-  if gaps := hf_electra_gaps(cfg):
-    raise ValueError(f"HF ELECTRA cannot represent this encoder, which has "
-                     f"{' and '.join(gaps)}: transformers would compute something else. Export "
-                     "post-LN models with position_bias='none' only.")
-  return {
-      "architectures": architectures, "model_type": "electra",
-      "vocab_size": cfg.vocab_size, "embedding_size": cfg.embed_size,
-      "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_layers,
-      "num_attention_heads": cfg.num_heads, "intermediate_size": cfg.ffn_size,
-      "max_position_embeddings": cfg.max_positions, "type_vocab_size": cfg.type_vocab_size,
-      "hidden_act": _ACT_TO_HF[cfg.activation], "hidden_dropout_prob": cfg.hidden_dropout,
-      "attention_probs_dropout_prob": cfg.attention_dropout,
-      "layer_norm_eps": cfg.layer_norm_eps, "initializer_range": cfg.initializer_range,
-      "pad_token_id": cfg.pad_token_id, "position_embedding_type": "absolute",
-      "tie_word_embeddings": True, "torch_dtype": "float32",
-  }
-
-
 def _check_generator_activation(cfg: ModelConfig, where: str) -> None:
   if cfg.activation != "gelu":
     raise ValueError(f"{where}: HF's ELECTRA generator head always uses exact GELU, but this "
@@ -106,10 +86,7 @@ def hf_electra_tensors_to_params(t: dict[str, np.ndarray], cfg: ModelConfig
   Raises if a tensor the model needs is missing; logs the leftovers (e.g. a fine-tuned
   classifier head, which has no counterpart here).
   """
-  t = {k.removeprefix("electra."): v for k, v in t.items()}
-  for k in list(t):
-    if k.endswith(_IGNORED_KEYS):
-      t.pop(k)
+  t = {k.removeprefix("electra."): v for k, v in t.items() if not k.endswith(_IGNORED_KEYS)}
   kind = ("rtd" if any(k.startswith(_RTD) for k in t)
           else "mlm" if any(k.startswith(_GEN) for k in t) else "none")
   try:
@@ -260,7 +237,6 @@ def export_hf_electra(model: ElectraDiscriminator | ElectraGenerator | ElectraMo
                 mlm=_pure_params(model.gen_mlm))
     return [out_dir, out_dir / "generator"]
   if isinstance(model, ElectraGenerator):
-    _check_generator_activation(model.cfg, "export_hf_electra")
     _export_one(model.cfg, _pure_params(model.encoder), out_dir, vocab,
                 mlm=_pure_params(model.mlm))
   elif isinstance(model, ElectraDiscriminator):
@@ -277,7 +253,8 @@ def _export_one(cfg: ModelConfig, encoder: dict[str, Any], out_dir: pathlib.Path
                 rtd=None, mlm=None) -> None:
   arch = ("ElectraForPreTraining" if rtd is not None else
           "ElectraForMaskedLM" if mlm is not None else "ElectraModel")
-  hf_cfg = model_config_to_hf_electra_config(cfg, [arch])
+  hf_cfg = model_config_to_hf_config(cfg, [arch], model_type="electra",
+                                     gaps=hf_electra_gaps(cfg, generator=mlm is not None))
   # A bare ElectraModel's tensors carry no "electra." prefix (HF's base_model_prefix).
   tensors = params_to_hf_electra_tensors(encoder, cfg, rtd=rtd, mlm=mlm,
                                          prefix="" if arch == "ElectraModel" else "electra.")

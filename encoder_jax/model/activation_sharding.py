@@ -16,6 +16,8 @@ one device, fine-tuning without a mesh) `batch_split` returns its input unchange
 """
 from __future__ import annotations
 
+import math
+
 import jax
 from jax.sharding import PartitionSpec as P
 
@@ -28,9 +30,7 @@ def batch_split(x: jax.Array) -> jax.Array:
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or not set(BATCH_AXES) <= set(mesh.axis_names):
     return x
-  n = 1
-  for axis in BATCH_AXES:
-    n *= mesh.shape[axis]
+  n = math.prod(mesh.shape[axis] for axis in BATCH_AXES)
   if n == 1 or x.shape[0] % n:
     return x
   return jax.lax.with_sharding_constraint(

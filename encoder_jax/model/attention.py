@@ -8,6 +8,8 @@ Masks are boolean, True = may attend.
 """
 from __future__ import annotations
 
+import math
+
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -23,6 +25,11 @@ from encoder_jax.model.matmul import bf16_dots, einsum
 def init_normal(cfg: ModelConfig):
   # BERT initialises every weight matrix with a truncated normal of std initializer_range.
   return nnx.initializers.truncated_normal(stddev=cfg.initializer_range)
+
+
+def param(value: jax.Array, axes: tuple[str | None, ...]) -> nnx.Param:
+  # Logical axis names are metadata only; the trainer maps them to a mesh (no eager sharding).
+  return nnx.Param(value, out_sharding=axes, eager_sharding=False)
 
 
 def make_attention_mask(mask_BxT: jax.Array,
@@ -95,15 +102,6 @@ class AlibiBias:
 
   def full(self) -> jax.Array:
     return self.neg_slopes_1xNx1x1 * self.dist_Bx1xTxS
-
-
-def alibi_bias(positions_BxT: jax.Array, num_heads: int) -> jax.Array:
-  """[B, N, T, T] float32: -slope_n * |pos_i - pos_j| (symmetric: the encoder is bidirectional).
-
-  Distances come from position ids, so packed examples (positions restarting at 0) get their
-  own distances; attention across packed examples is masked anyway.
-  """
-  return AlibiBias.from_positions(positions_BxT, num_heads).full()
 
 
 _HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -227,9 +225,7 @@ def pallas_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, segments_BxT, bias_BxNxTxS
 
   mesh = jax.sharding.get_abstract_mesh()
   if not mesh.empty and set(BATCH_AXES) <= set(mesh.axis_names):
-    rows = 1
-    for axis in BATCH_AXES:
-      rows *= mesh.shape[axis]
+    rows = math.prod(mesh.shape[axis] for axis in BATCH_AXES)
     batch = BATCH_AXES if q.shape[0] % rows == 0 else None
     heads = ("tensor" if "tensor" in mesh.axis_names and q.shape[1] % mesh.shape["tensor"] == 0
              else None)
@@ -255,18 +251,17 @@ class MultiHeadAttention(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
-    init = init_normal(cfg)
-    pdt = cfg.storage_dtype
-    # Logical axis names are metadata only; the trainer maps them to a mesh (no eager sharding).
-    self.qkv_kernel = nnx.Param(init(rngs.params(), (d, 3, n, h), pdt),
-                                out_sharding=("embed", None, "heads", "kv"),
-                                eager_sharding=False)
-    self.qkv_bias = nnx.Param(jnp.zeros((3, n, h), pdt), out_sharding=(None, "heads", "kv"),
-                             eager_sharding=False)
-    self.out_kernel = nnx.Param(init(rngs.params(), (n, h, d), pdt),
-                                out_sharding=("heads", "kv", "embed"),
-                                eager_sharding=False)
-    self.out_bias = nnx.Param(jnp.zeros((d,), pdt), out_sharding=("embed",), eager_sharding=False)
+    self.qkv_kernel = param(init_normal(cfg)(rngs.params(), (d, 3, n, h), cfg.storage_dtype),
+                            ("embed", None, "heads", "kv"))
+    self.qkv_bias = param(jnp.zeros((3, n, h), cfg.storage_dtype), (None, "heads", "kv"))
+    self._init_output(cfg, rngs)
+
+  def _init_output(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
+    """The output projection, the probability dropout and the numerics (CrossAttention's too)."""
+    n, h, d = cfg.num_heads, cfg.head_dim, cfg.hidden_size
+    self.out_kernel = param(init_normal(cfg)(rngs.params(), (n, h, d), cfg.storage_dtype),
+                            ("heads", "kv", "embed"))
+    self.out_bias = param(jnp.zeros((d,), cfg.storage_dtype), ("embed",))
     self.dropout = Dropout(cfg.attention_dropout, deterministic=True)
     self.dtype = cfg.compute_dtype
     self.attention_impl = cfg.attention_impl
@@ -280,11 +275,7 @@ class MultiHeadAttention(nnx.Module):
     """`mask_Bx1xTxS`: the boolean [B, 1, T, S] mask, or the encoder's factored KeyMask."""
     if isinstance(bias_BxNxTxS, AlibiBias):
       bias_BxNxTxS = bias_BxNxTxS.full()  # here, inside the layer (see AlibiBias)
-    dt = self.dtype
-    x_BxTxD = x_BxTxD.astype(dt)
-    qkv_BxTx3xNxH = (einsum("btd,dcnh->btcnh", x_BxTxD, self.qkv_kernel[...].astype(dt),
-                            bf16=self.bf16)
-                     + self.qkv_bias[...].astype(dt)[None, None])
+    qkv_BxTx3xNxH = self._project("btd,dcnh->btcnh", x_BxTxD, self.qkv_kernel, self.qkv_bias)
     q_BxTxNxH, k_BxSxNxH, v_BxSxNxH = (qkv_BxTx3xNxH[:, :, i] for i in range(3))
     out_BxTxNxH, mask_Bx1xTxS = self._attend(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS,
                                              dropout_rng, bias_BxNxTxS)
@@ -296,9 +287,13 @@ class MultiHeadAttention(nnx.Module):
     else:
       seen_BxTx1x1 = jnp.transpose(jnp.any(mask_Bx1xTxS, axis=-1, keepdims=True), (0, 2, 1, 3))
     out_BxTxNxH = jnp.where(seen_BxTx1x1, out_BxTxNxH, 0)
-    return (einsum("btnh,nhd->btd", out_BxTxNxH, self.out_kernel[...].astype(dt),
-                   bf16=self.bf16)
-            + self.out_bias[...].astype(dt)[None, None])
+    return self._project("btnh,nhd->btd", out_BxTxNxH, self.out_kernel, self.out_bias)
+
+  def _project(self, spec: str, x, kernel: nnx.Param, bias: nnx.Param) -> jax.Array:
+    """einsum(spec, x, kernel) + bias in the compute dtype (on the bf16 path where it applies)."""
+    dt = self.dtype
+    return (einsum(spec, x.astype(dt), kernel[...].astype(dt), bf16=self.bf16)
+            + bias[...].astype(dt)[None, None])
 
   def _attend(self, q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS, dropout_rng=None,
               bias_BxNxTxS=None):

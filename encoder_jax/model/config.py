@@ -101,27 +101,13 @@ class ModelConfig:
       raise ValueError(
           f"ModelConfig.hidden_size={self.hidden_size} is not divisible by "
           f"num_heads={self.num_heads}; choose num_heads that divides hidden_size.")
-    if self.activation not in ACTIVATIONS:
-      raise ValueError(f"ModelConfig.activation={self.activation!r}; use one of {ACTIVATIONS}.")
-    if self.remat_policy not in REMAT_POLICIES:
-      raise ValueError(
-          f"ModelConfig.remat_policy={self.remat_policy!r}; use one of {REMAT_POLICIES}.")
-    if self.position_init not in POSITION_INITS:
-      raise ValueError(
-          f"ModelConfig.position_init={self.position_init!r}; use one of {POSITION_INITS}.")
-    if self.position_bias not in POSITION_BIASES:
-      raise ValueError(
-          f"ModelConfig.position_bias={self.position_bias!r}; use one of {POSITION_BIASES}.")
-    if self.attention_impl not in ATTENTION_IMPLS:
-      raise ValueError(
-          f"ModelConfig.attention_impl={self.attention_impl!r} (--config.model.attention_impl);"
-          f" use one of {ATTENTION_IMPLS}.")
-    if self.platform not in PLATFORMS:
-      raise ValueError(f"ModelConfig.platform={self.platform!r}; use one of {PLATFORMS} "
-                       "('' = JAX's default backend).")
-    if self.dot_dtype not in DOT_DTYPES:
-      raise ValueError(f"ModelConfig.dot_dtype={self.dot_dtype!r} (--config.model.dot_dtype); "
-                       f"use one of {DOT_DTYPES} ('' = the compute dtype).")
+    for name, choices in (("activation", ACTIVATIONS), ("remat_policy", REMAT_POLICIES),
+                          ("position_init", POSITION_INITS), ("position_bias", POSITION_BIASES),
+                          ("attention_impl", ATTENTION_IMPLS), ("platform", PLATFORMS),
+                          ("dot_dtype", DOT_DTYPES)):
+      if getattr(self, name) not in choices:
+        raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} (--config.model.{name}); "
+                         f"use one of {choices}.")
     for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "ffn_size",
                  "max_positions"):
       if getattr(self, name) <= 0:

@@ -17,13 +17,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from encoder_jax.model.attention import MultiHeadAttention, init_normal
+from encoder_jax.model.attention import MultiHeadAttention, init_normal, param
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.model.dropout import Dropout, fold_rng
 from encoder_jax.model.encoder import (Embeddings, Encoder, EncoderOutput, activation_fn, dense,
-                                       layer_norm, validate_inputs)
+                                       layer_norm, residual, validate_inputs)
 from encoder_jax.model.heads import tied_logits
-from encoder_jax.model.matmul import bf16_dots, einsum
 
 
 def make_causal_mask(mask_BxT: jax.Array) -> jax.Array:
@@ -54,40 +53,25 @@ class CrossAttention(MultiHeadAttention):
     d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
     m = memory_size or d
     init, pdt = init_normal(cfg), cfg.storage_dtype
-    param = lambda value, axes: nnx.Param(value, out_sharding=axes, eager_sharding=False)
     self.q_kernel = param(init(rngs.params(), (d, n, h), pdt), ("embed", "heads", "kv"))
     self.q_bias = param(jnp.zeros((n, h), pdt), ("heads", "kv"))
     self.kv_kernel = param(init(rngs.params(), (m, 2, n, h), pdt),
                            ("embed", None, "heads", "kv"))
     self.kv_bias = param(jnp.zeros((2, n, h), pdt), (None, "heads", "kv"))
-    self.out_kernel = param(init(rngs.params(), (n, h, d), pdt), ("heads", "kv", "embed"))
-    self.out_bias = param(jnp.zeros((d,), pdt), ("embed",))
-    self.dropout = Dropout(cfg.attention_dropout, deterministic=True)
-    self.dtype = cfg.compute_dtype
-    self.attention_impl = cfg.attention_impl
-    self.dot_dtype = cfg.dot_dtype
-    self.backend = cfg.backend
-    self.bf16 = bf16_dots(cfg.dot_dtype, cfg.compute_dtype, self.backend)
+    self._init_output(cfg, rngs)
 
   def __call__(self, x_BxTxD: jax.Array, memory: EncoderOutput, *,
                dropout_rng: jax.Array | None = None) -> jax.Array:
-    dt = self.dtype
-    x_BxTxD = x_BxTxD.astype(dt)
-    q_BxTxNxH = (einsum("btd,dnh->btnh", x_BxTxD, self.q_kernel[...].astype(dt),
-                        bf16=self.bf16)
-                 + self.q_bias[...].astype(dt)[None, None])
-    kv_BxSx2xNxH = (einsum("bsm,mcnh->bscnh", memory.hidden_BxTxD.astype(dt),
-                           self.kv_kernel[...].astype(dt), bf16=self.bf16)
-                    + self.kv_bias[...].astype(dt)[None, None])
+    q_BxTxNxH = self._project("btd,dnh->btnh", x_BxTxD, self.q_kernel, self.q_bias)
+    kv_BxSx2xNxH = self._project("bsm,mcnh->bscnh", memory.hidden_BxTxD, self.kv_kernel,
+                                 self.kv_bias)
     k_BxSxNxH, v_BxSxNxH = kv_BxSx2xNxH[:, :, 0], kv_BxSx2xNxH[:, :, 1]
     mask_Bx1xTxS = make_memory_mask(memory.mask_BxT, x_BxTxD.shape[1])
     out_BxTxNxH, _ = self._attend(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS, dropout_rng)
     # No real memory slot (an empty source): zeros, never an average of padding.
     any_Bx1x1x1 = jnp.any(memory.mask_BxT, axis=-1)[:, None, None, None]
     out_BxTxNxH = jnp.where(any_Bx1x1x1, out_BxTxNxH, 0)
-    return (einsum("btnh,nhd->btd", out_BxTxNxH, self.out_kernel[...].astype(dt),
-                   bf16=self.bf16)
-            + self.out_bias[...].astype(dt)[None, None])
+    return self._project("btnh,nhd->btd", out_BxTxNxH, self.out_kernel, self.out_bias)
 
 
 class DecoderBlock(nnx.Module):
@@ -115,17 +99,14 @@ class DecoderBlock(nnx.Module):
     self.act = cfg.activation
 
   def __call__(self, x_BxTxD, self_mask_Bx1xTxT, memory: EncoderOutput, dropout_rng=None):
-    drop = lambda y, i: self.dropout(y, rngs=fold_rng(dropout_rng, i))
+    drop = lambda i: lambda y: self.dropout(y, rngs=fold_rng(dropout_rng, i))
     self_attn = lambda y: self.self_attn(y, self_mask_Bx1xTxT, dropout_rng=fold_rng(dropout_rng, 3))
     cross = lambda y: self.cross_attn(y, memory, dropout_rng=fold_rng(dropout_rng, 4))
     ffn = lambda y: self.ffn_out(activation_fn(self.act)(self.ffn_in(y)))
-    if self.norm_first:
-      x_BxTxD = x_BxTxD + drop(self_attn(self.ln_self(x_BxTxD)), 0)
-      x_BxTxD = x_BxTxD + drop(cross(self.ln_cross(x_BxTxD)), 1)
-      return x_BxTxD + drop(ffn(self.ln_ffn(x_BxTxD)), 2)
-    x_BxTxD = self.ln_self(x_BxTxD + drop(self_attn(x_BxTxD), 0))
-    x_BxTxD = self.ln_cross(x_BxTxD + drop(cross(x_BxTxD), 1))
-    return self.ln_ffn(x_BxTxD + drop(ffn(x_BxTxD), 2))
+    for i, (f, ln) in enumerate(((self_attn, self.ln_self), (cross, self.ln_cross),
+                                 (ffn, self.ln_ffn))):
+      x_BxTxD = residual(x_BxTxD, f, ln, drop(i), self.norm_first)
+    return x_BxTxD
 
 
 class Decoder(nnx.Module):

@@ -109,6 +109,11 @@ class Embeddings(nnx.Module):
     return self.dropout(self.ln(x_BxTxE), rngs=dropout_rng)
 
 
+def residual(x, sublayer, ln, drop, norm_first: bool):
+  """pre-LN `x + drop(sublayer(ln(x)))`, post-LN `ln(x + drop(sublayer(x)))`."""
+  return x + drop(sublayer(ln(x))) if norm_first else ln(x + drop(sublayer(x)))
+
+
 class Block(nnx.Module):
   """One Transformer encoder layer.
 
@@ -130,17 +135,14 @@ class Block(nnx.Module):
     self.act = cfg.activation
 
   def __call__(self, x_BxTxD, mask_Bx1xTxT, dropout_rng=None, bias_BxNxTxT=None):
-    drop = lambda y, i: self.dropout(y, rngs=fold_rng(dropout_rng, i))
+    drop = lambda i: lambda y: self.dropout(y, rngs=fold_rng(dropout_rng, i))
     # batch_split: each device computes its own rows under FSDP (activation_sharding.py)
     ffn = lambda y: self.ffn_out(batch_split(activation_fn(self.act)(self.ffn_in(y))))
     x_BxTxD = batch_split(x_BxTxD)
     attn = lambda y: self.attn(y, mask_Bx1xTxT, dropout_rng=fold_rng(dropout_rng, 2),
                                bias_BxNxTxS=bias_BxNxTxT)
-    if self.norm_first:
-      x_BxTxD = batch_split(x_BxTxD + drop(attn(self.ln_attn(x_BxTxD)), 0))
-      return batch_split(x_BxTxD + drop(ffn(self.ln_ffn(x_BxTxD)), 1))
-    x_BxTxD = batch_split(self.ln_attn(x_BxTxD + drop(attn(x_BxTxD), 0)))
-    return batch_split(self.ln_ffn(x_BxTxD + drop(ffn(x_BxTxD), 1)))
+    x_BxTxD = batch_split(residual(x_BxTxD, attn, self.ln_attn, drop(0), self.norm_first))
+    return batch_split(residual(x_BxTxD, ffn, self.ln_ffn, drop(1), self.norm_first))
 
 
 @jax.tree_util.register_dataclass
@@ -233,19 +235,11 @@ class Encoder(nnx.Module):
 
   def _scan_blocks(self, x_BxTxD, mask_Bx1xTxT, layer_rng, bias_BxNxTxT=None):
     call = self._remat(type(self.blocks).__call__)
-    if layer_rng is None:
-      @nnx.scan(in_axes=(nnx.Carry, 0, None, None), out_axes=nnx.Carry,
-                transform_metadata={nnx.PARTITION_NAME: "layers"})
-      def body(x, block, mask, bias):
-        return call(block, x, mask, None, bias)
-      return body(x_BxTxD, self.blocks, mask_Bx1xTxT, bias_BxNxTxT)
-
-    @nnx.scan(in_axes=(nnx.Carry, 0, None, 0, None), out_axes=nnx.Carry,
-              transform_metadata={nnx.PARTITION_NAME: "layers"})
-    def body_rng(x, block, mask, rng, bias):
-      return call(block, x, mask, rng, bias)
-    return body_rng(x_BxTxD, self.blocks, mask_Bx1xTxT,
-                    jax.random.split(layer_rng, self.cfg.num_layers), bias_BxNxTxT)
+    rngs = None if layer_rng is None else jax.random.split(layer_rng, self.cfg.num_layers)
+    body = nnx.scan(lambda x, block, mask, rng, bias: call(block, x, mask, rng, bias),
+                    in_axes=(nnx.Carry, 0, None, None if rngs is None else 0, None),
+                    out_axes=nnx.Carry, transform_metadata={nnx.PARTITION_NAME: "layers"})
+    return body(x_BxTxD, self.blocks, mask_Bx1xTxT, rngs, bias_BxNxTxT)
 
 
 def _dropout_active(module: nnx.Module) -> bool:

@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import optax
 
 from encoder_jax.objectives.masking import IGNORE_LABEL, MaskedBatch
-from encoder_jax.objectives.mlm import safe_mean
+from encoder_jax.objectives.mlm import label_weights, safe_mean
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,9 +252,7 @@ def copy_mlm_loss(logits_BxTxV: jax.Array, copy_logits_BxT: jax.Array, input_ids
   if labels_BxT.shape != copy_logits_BxT.shape or labels_BxT.shape != input_ids_BxT.shape:
     raise ValueError(f"copy_logits {copy_logits_BxT.shape}, input_ids {input_ids_BxT.shape} and "
                      f"labels {labels_BxT.shape} must share one [batch, seq] shape.")
-  w_BxT = jnp.ones(labels_BxT.shape, jnp.float32) if weights_BxT is None else (
-      weights_BxT.astype(jnp.float32))
-  w_BxT = jnp.where(labels_BxT == IGNORE_LABEL, 0.0, w_BxT)
+  w_BxT = label_weights(labels_BxT, weights_BxT)
   keep_BxT = w_BxT > 0
   logits_BxTxV = jnp.where(keep_BxT[..., None], logits_BxTxV.astype(jnp.float32), 0.0)
   copy_BxT = jnp.where(keep_BxT, copy_logits_BxT.astype(jnp.float32), 0.0)
@@ -262,11 +260,11 @@ def copy_mlm_loss(logits_BxTxV: jax.Array, copy_logits_BxT: jax.Array, input_ids
   logp_BxTxV = jax.nn.log_softmax(logits_BxTxV, axis=-1)
   logp_label_BxT = jnp.take_along_axis(logp_BxTxV, labels_BxT[..., None], axis=-1)[..., 0]
   log_d_BxT, log_not_d_BxT = jax.nn.log_sigmoid(copy_BxT), jax.nn.log_sigmoid(-copy_BxT)
-  is_copy_BxT = input_ids_BxT.astype(jnp.int32) == labels_BxT
+  inputs_BxT = input_ids_BxT.astype(jnp.int32)
+  is_copy_BxT = inputs_BxT == labels_BxT
   logp_BxT = jnp.where(is_copy_BxT, jnp.logaddexp(log_d_BxT, log_not_d_BxT + logp_label_BxT),
                        log_not_d_BxT + logp_label_BxT)
   # Prediction of the mixture: the input token if its mixed probability beats the softmax's best.
-  inputs_BxT = input_ids_BxT.astype(jnp.int32)
   logp_input_BxT = jnp.take_along_axis(logp_BxTxV, inputs_BxT[..., None], axis=-1)[..., 0]
   copy_wins_BxT = (jnp.logaddexp(log_d_BxT, log_not_d_BxT + logp_input_BxT)
                    >= log_not_d_BxT + logp_BxTxV.max(axis=-1))

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from encoder_jax.objectives.masking import IGNORE_LABEL
 
 
-def _weights(labels: jax.Array, weights: jax.Array | None) -> jax.Array:
+def label_weights(labels: jax.Array, weights: jax.Array | None) -> jax.Array:
   """float32 weights: the given ones (or 1) zeroed wherever the label is IGNORE_LABEL."""
   w = jnp.ones(labels.shape, jnp.float32) if weights is None else weights.astype(jnp.float32)
   if w.shape != labels.shape:
@@ -47,7 +47,7 @@ def softmax_cross_entropy(logits_NxC: jax.Array, labels_N: jax.Array,
   """
   if logits_NxC.shape[:-1] != labels_N.shape:
     raise ValueError(f"logits {logits_NxC.shape} must be labels {labels_N.shape} + [classes].")
-  w_N = _weights(labels_N, weights_N)
+  w_N = label_weights(labels_N, weights_N)
   keep_Nx1 = (w_N > 0)[..., None]
   # Zeroing ignored rows first keeps NaN/inf there out of the forward and backward pass.
   logits_NxC = jnp.where(keep_Nx1, logits_NxC.astype(jnp.float32), 0.0)
@@ -87,7 +87,7 @@ def unigram_baseline(logp_V: jax.Array, labels_BxP: jax.Array,
   """What a context-free model scores on the same targets: the cross-entropy of the labels
   under a unigram distribution `logp_V` (see encoder_jax.data.unigram) and the accuracy of
   always predicting its most frequent token. Compare with `mlm_loss`'s loss and accuracy."""
-  w = _weights(labels_BxP, weights_BxP)
+  w = label_weights(labels_BxP, weights_BxP)
   safe = jnp.where(labels_BxP == IGNORE_LABEL, 0, labels_BxP).astype(jnp.int32)
   nll = -logp_V.astype(jnp.float32)[safe]
   top = jnp.argmax(logp_V)

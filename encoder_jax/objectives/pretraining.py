@@ -17,6 +17,7 @@ from flax import nnx
 
 from encoder_jax.model.bert import BertForPreTraining
 from encoder_jax.model.config import BERT_VOCAB_SIZE, ModelConfig
+from encoder_jax.model.dropout import fold_rng
 from encoder_jax.model.electra import ElectraModel, generator_config
 from encoder_jax.objectives import electra as electra_obj
 from encoder_jax.objectives.masking import mask_tokens, static_mask_keys
@@ -150,15 +151,14 @@ def loss_and_metrics(model, batch: dict[str, jax.Array], key: jax.Array, obj: Ob
 
 def _electra_loss(model: ElectraModel, masked, ctx, obj: ObjectiveConfig, k_sample, drop):
   variant = electra_obj.get_variant(obj.objective)
-  fold = (lambda i: None) if drop is None else (lambda i: jax.random.fold_in(drop, i))
-  gen_out = model.generator(masked.ids_BxT, dropout_rng=fold(0), **ctx)
+  gen_out = model.generator(masked.ids_BxT, dropout_rng=fold_rng(drop, 0), **ctx)
   gen_logits_BxPxV = model.gen_mlm(gen_out.hidden_BxTxD, model.token_embed,
                                    masked.positions_BxP)
   gen_loss, metrics = mlm_loss(gen_logits_BxPxV, masked.labels_BxP, masked.weights_BxP,
                                prefix="gen")
   sampled_BxP = electra_obj.sample_tokens(k_sample, gen_logits_BxPxV, obj.temperature)
   inputs = electra_obj.electra_inputs(masked, sampled_BxP)
-  disc_out = model.discriminator(inputs.ids_BxT, dropout_rng=fold(1), **ctx)
+  disc_out = model.discriminator(inputs.ids_BxT, dropout_rng=fold_rng(drop, 1), **ctx)
   h_BxTxD = disc_out.hidden_BxTxD
   labels_BxT, weights_BxT = electra_obj.main_targets(variant, inputs, ctx["mask_BxT"])
   if variant.main_head == "rtd":

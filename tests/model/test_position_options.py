@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from encoder_jax.model import Encoder, ModelConfig
-from encoder_jax.model.attention import (MultiHeadAttention, alibi_bias, alibi_slopes,
+from encoder_jax.model.attention import (AlibiBias, MultiHeadAttention, alibi_slopes,
                                          make_attention_mask)
 
 TOL = 1e-5
@@ -40,7 +40,7 @@ def test_alibi_slopes_match_the_papers_code(n):
 
 def test_alibi_bias_is_symmetric_distance_from_position_ids():
   pos = jnp.array([[0, 1, 2, 3], [0, 1, 0, 1]])  # the second row packs two examples
-  bias = alibi_bias(pos, 2)
+  bias = AlibiBias.from_positions(pos, 2).full()
   s0, s1 = reference_slopes(2)
   np.testing.assert_allclose(bias[0, 0, 0], [0, -s0, -2 * s0, -3 * s0], rtol=1e-6)
   np.testing.assert_allclose(bias[0, 1, 3], [-3 * s1, -2 * s1, -s1, 0], rtol=1e-6)
@@ -83,7 +83,7 @@ def test_alibi_in_fused_and_explicit_attention_paths_agree():
   h = jax.random.normal(jax.random.key(0), (2, 6, 32))
   m = jnp.array([[1, 1, 1, 1, 1, 0], [1, 1, 0, 0, 0, 0]], bool)
   mask = make_attention_mask(m)
-  bias = alibi_bias(jnp.broadcast_to(jnp.arange(6), (2, 6)), 4)
+  bias = AlibiBias.from_positions(jnp.broadcast_to(jnp.arange(6), (2, 6)), 4).full()
   q, k, v = (jnp.einsum("btd,dnh->btnh", h, mha.qkv_kernel[...][:, i])
              + mha.qkv_bias[...][i][None, None] for i in range(3))
   fused, _ = mha._attend(q, k, v, mask, None, bias)
@@ -98,7 +98,7 @@ def test_alibi_heads_favour_near_keys_at_init():
   mha = MultiHeadAttention(cfg(num_heads=8), rngs=nnx.Rngs(0))
   T = 16
   m = make_attention_mask(jnp.ones((1, T), bool))
-  bias = alibi_bias(jnp.arange(T)[None], 8)
+  bias = AlibiBias.from_positions(jnp.arange(T)[None], 8).full()
   # Identity values: the output of query i is its attention distribution (head 0: slope 1/2).
   q = k = jnp.zeros((1, T, 8, T))
   v = jnp.broadcast_to(jnp.eye(T)[None, :, None, :], (1, T, 8, T))
