@@ -83,20 +83,25 @@ def hf_bert_gaps(cfg: ModelConfig) -> list[str]:
   return gaps
 
 
-def model_config_to_hf_config(cfg: ModelConfig, architectures: list[str], *,
-                              model_type: str = "bert", gaps: list[str] | None = None
-                              ) -> dict[str, Any]:
-  """HF config.json of `cfg` (model_type "bert", or "electra" with `gaps=hf_electra_gaps(..)`)."""
-  if gaps := hf_bert_gaps(cfg) if gaps is None else gaps:
+def model_config_to_hf_config(cfg: ModelConfig, architectures: list[str]) -> dict[str, Any]:
+  """HF BERT's config.json of `cfg`; raises where HF BERT cannot represent it."""
+  return hf_config(cfg, architectures, "bert", hf_bert_gaps(cfg))
+
+
+def hf_config(cfg: ModelConfig, architectures: list[str], model_type: str,
+              gaps: list[str]) -> dict[str, Any]:
+  """config.json of `cfg` for HF's `model_type` ("bert" | "electra"); `gaps`: what that model
+  cannot represent (hf_bert_gaps | hf_electra_gaps), raised when not empty."""
+  if gaps:
     raise ValueError(f"HF {model_type.upper()} cannot represent this encoder, which has "
-                     f"{' and '.join(gaps)}: transformers would compute something else. Export "
-                     "post-LN models with position_bias='none' only.")
+                     f"{' and '.join(gaps)}: transformers would compute something else. Change "
+                     "the settings named here to export it.")
   return {
-      "architectures": architectures, "model_type": model_type,
+      "architectures": architectures, "model_type": model_type, "vocab_size": cfg.vocab_size,
       **({"embedding_size": cfg.embed_size} if model_type == "electra" else {}),
-      "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
-      "num_hidden_layers": cfg.num_layers, "num_attention_heads": cfg.num_heads,
-      "intermediate_size": cfg.ffn_size, "max_position_embeddings": cfg.max_positions,
+      "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_layers,
+      "num_attention_heads": cfg.num_heads, "intermediate_size": cfg.ffn_size,
+      "max_position_embeddings": cfg.max_positions,
       "type_vocab_size": cfg.type_vocab_size, "hidden_act": _ACT_TO_HF[cfg.activation],
       "hidden_dropout_prob": cfg.hidden_dropout,
       "attention_probs_dropout_prob": cfg.attention_dropout,

@@ -35,7 +35,7 @@ from flax import nnx
 from encoder_jax.convert.hf_bert import (_assign, _dense_from_hf, _dense_to_hf,
                                          _encoder_from_hf, _encoder_to_hf, _ln_from_hf,
                                          _ln_to_hf, _pure_params, encoder_gaps,
-                                         hf_config_to_model_config, model_config_to_hf_config,
+                                         hf_config, hf_config_to_model_config,
                                          read_hf_folder, write_hf_folder)
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.model.electra import ElectraDiscriminator, ElectraGenerator, ElectraModel
@@ -253,8 +253,7 @@ def _export_one(cfg: ModelConfig, encoder: dict[str, Any], out_dir: pathlib.Path
                 rtd=None, mlm=None) -> None:
   arch = ("ElectraForPreTraining" if rtd is not None else
           "ElectraForMaskedLM" if mlm is not None else "ElectraModel")
-  hf_cfg = model_config_to_hf_config(cfg, [arch], model_type="electra",
-                                     gaps=hf_electra_gaps(cfg, generator=mlm is not None))
+  hf_cfg = hf_config(cfg, [arch], "electra", hf_electra_gaps(cfg, generator=mlm is not None))
   # A bare ElectraModel's tensors carry no "electra." prefix (HF's base_model_prefix).
   tensors = params_to_hf_electra_tensors(encoder, cfg, rtd=rtd, mlm=mlm,
                                          prefix="" if arch == "ElectraModel" else "electra.")

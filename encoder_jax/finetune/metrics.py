@@ -60,7 +60,7 @@ def pearson(x_N, y_N) -> float:
 
 
 def spearman(x_N, y_N) -> float:
-  """Pearson of average ranks (ties share their mean rank)."""
+  """Pearson of average ranks (ties share their mean rank); 0 where a value is NaN."""
   return pearson(scipy.stats.rankdata(x_N), scipy.stats.rankdata(y_N))
 
 

@@ -105,9 +105,12 @@ class ModelConfig:
                           ("position_init", POSITION_INITS), ("position_bias", POSITION_BIASES),
                           ("attention_impl", ATTENTION_IMPLS), ("platform", PLATFORMS),
                           ("dot_dtype", DOT_DTYPES)):
-      if getattr(self, name) not in choices:
-        raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} (--config.model.{name}); "
-                         f"use one of {choices}.")
+      if (value := getattr(self, name)) not in choices:
+        # platform is set from the backend the run is on (train.setup), not by a flag.
+        flag = "" if name == "platform" else f" (--config.model.{name})"
+        empty = {"platform": " ('' = JAX's default backend)", "dot_dtype": " ('' = the compute "
+                 "dtype)"}.get(name, "")
+        raise ValueError(f"ModelConfig.{name}={value!r}{flag}; use one of {choices}{empty}.")
     for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "ffn_size",
                  "max_positions"):
       if getattr(self, name) <= 0:

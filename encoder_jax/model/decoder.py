@@ -103,10 +103,9 @@ class DecoderBlock(nnx.Module):
     self_attn = lambda y: self.self_attn(y, self_mask_Bx1xTxT, dropout_rng=fold_rng(dropout_rng, 3))
     cross = lambda y: self.cross_attn(y, memory, dropout_rng=fold_rng(dropout_rng, 4))
     ffn = lambda y: self.ffn_out(activation_fn(self.act)(self.ffn_in(y)))
-    for i, (f, ln) in enumerate(((self_attn, self.ln_self), (cross, self.ln_cross),
-                                 (ffn, self.ln_ffn))):
-      x_BxTxD = residual(x_BxTxD, f, ln, drop(i), self.norm_first)
-    return x_BxTxD
+    x_BxTxD = residual(x_BxTxD, self_attn, self.ln_self, drop(0), self.norm_first)
+    x_BxTxD = residual(x_BxTxD, cross, self.ln_cross, drop(1), self.norm_first)
+    return residual(x_BxTxD, ffn, self.ln_ffn, drop(2), self.norm_first)
 
 
 class Decoder(nnx.Module):

@@ -67,8 +67,13 @@ class CheckpointSaveError(OSError):
 
 
 def _sha256(path: epath.Path) -> str:
+  # Not hashlib.file_digest: it needs readinto(), which tf.io.gfile's files (what epath opens
+  # gs:// with wherever TensorFlow is importable) do not have.
+  h = hashlib.sha256()
   with path.open("rb") as f:
-    return hashlib.file_digest(f, "sha256").hexdigest()
+    while chunk := f.read(1 << 22):
+      h.update(chunk)
+  return h.hexdigest()
 
 
 def _files(step_dir: epath.Path) -> list[str]:

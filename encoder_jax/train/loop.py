@@ -159,8 +159,8 @@ class _Preemption:
 
 def unigram_baseline(s: setup.Setup, train_rows) -> tuple[jax.Array, float]:
   """(log-probabilities over the vocab, entropy) of the training rows' unigram distribution
-  (`train_rows`: the train loader's, already open): the context-free baseline every evaluation
-  is compared with."""
+  (`train_rows`: the train loader's built shards, already open): the context-free baseline
+  every evaluation is compared with."""
   with Stage("counting the corpus's unigram frequencies"):
     counts = unigram.row_counts(train_rows, s.obj.vocab_size)
   return (jax.numpy.asarray(unigram.unigram_log_probs(counts, s.obj.special_ids)),

@@ -47,6 +47,9 @@ def test_correlations_match_scipy():
   assert M.pearson(x, y) == pytest.approx(scipy.stats.pearsonr(x, y)[0], abs=1e-12)
   assert M.spearman(x, y_ties) == pytest.approx(scipy.stats.spearmanr(x, y_ties)[0], abs=1e-12)
   assert M.pearson(x, np.ones(100)) == 0.0  # constant prediction: 0, not NaN
+  # Worked by hand: ranks (1, 2, 3, 4) against tied ranks (1.5, 1.5, 3.5, 3.5) -> 2/sqrt(5).
+  assert M.spearman([1, 2, 3, 4], [7, 7, 9, 9]) == pytest.approx(2 / np.sqrt(5), abs=1e-12)
+  assert M.spearman([1, 2, np.nan], [1, 2, 3]) == 0.0
 
 
 def test_glue_metric_table():
