@@ -70,6 +70,7 @@ from encoder_jax.data import builders, examples, fetch, sources, tokenizer
 BUILD_VERSION = 1  # bump when sentence splitting, tokenization or the record layout changes
 INDEX = "index.json"
 SPLITS = ("train", "validation")
+PROGRESS_EVERY_S = 30.0  # a build logs its shards, tokens and rate at most this often
 
 
 # ---------------------------------------------------------------------------------- sources
@@ -354,6 +355,14 @@ def build_source(part: str, vocab_path: str, example: examples.ExampleConfig, ou
   # The pool starts with the third shard: a source of one or two shards (the demo, a grid's
   # small parts) builds here, without paying for worker processes that import the package.
   pool, deferred = None, []
+  last_log = [start]
+
+  def finished(result: dict) -> None:  # a shard is built: progress with its rate, now and then
+    done.append(result)
+    if (now := time.perf_counter()) - last_log[0] >= PROGRESS_EVERY_S:
+      last_log[0], tokens = now, sum(d["tokens"] for d in done)
+      logging.info("building %s: %d shards, %d tokens so far (%.0f tokens/s)", part, len(done),
+                   tokens, tokens / max(now - start, 1e-9))
 
   def submit(split, docs):
     name = f"{split}-{n_shards[split]:05d}"
@@ -363,7 +372,7 @@ def build_source(part: str, vocab_path: str, example: examples.ExampleConfig, ou
     n_shards[split] += 1
     nonlocal pool
     if workers == 0:
-      done.append(build_shard(task))
+      finished(build_shard(task))
       return
     if pool is None and len(deferred) < 2:
       deferred.append(task)
@@ -374,7 +383,7 @@ def build_source(part: str, vocab_path: str, example: examples.ExampleConfig, ou
       deferred.clear()
     pending.append(pool.apply_async(build_shard, (task,)))
     while len(pending) > 2 * workers:
-      done.append(pending.popleft().get())
+      finished(pending.popleft().get())
 
   try:
     buffers = {s: [] for s in SPLITS}
@@ -392,9 +401,10 @@ def build_source(part: str, vocab_path: str, example: examples.ExampleConfig, ou
         submit(split, b[len(b) // 2:])
       elif b:
         submit(split, b)
-    done.extend(build_shard(t) for t in deferred)
+    for t in deferred:
+      finished(build_shard(t))
     while pending:
-      done.append(pending.popleft().get())
+      finished(pending.popleft().get())
   finally:
     if pool is not None:
       pool.terminate()

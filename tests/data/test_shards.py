@@ -5,7 +5,9 @@ every file kind, interrupted builds redone, bad specs explained."""
 import dataclasses
 import gzip
 import json
+import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -135,6 +137,19 @@ def test_two_worker_command_builds_what_this_process_builds(tmp_path, corpus_dir
                       for split in shards.SPLITS for s in index["splits"][split]["shards"]}
     monkeypatch.setattr(shards, "build_source", lambda *a, **k: pytest.fail("rebuilt"))
   assert built[0] == built[2] and len(built[0]) >= 5
+
+
+def test_a_long_build_logs_its_progress_with_a_rate(tmp_path, corpus_dir, monkeypatch,
+                                                    caplog):
+  monkeypatch.setattr(shards, "PROGRESS_EVERY_S", 0.0)  # every shard counts as "long"
+  caplog.set_level(logging.INFO, logger="absl")
+  (folder, _), = shards.prepare_shards(f"files:{corpus_dir}/b/*.txt", "minilm", NSP, tmp_path,
+                                       workers=0, docs_per_shard=16)
+  n = sum(len(shards.read_index(folder)["splits"][s]["shards"]) for s in shards.SPLITS)
+  lines = [r.getMessage() for r in caplog.records if "tokens so far" in r.getMessage()]
+  assert len(lines) == n >= 3, lines
+  assert re.fullmatch(r"building files:.*: 1 shards, [1-9]\d* tokens so far \(\d+ tokens/s\)",
+                      lines[0]), lines[0]
 
 
 def test_unigram_counts_of_rows(tmp_path, corpus_dir, tok, monkeypatch):
