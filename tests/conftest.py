@@ -9,15 +9,48 @@ level 3 instead (tests/train/conftest.py::full_xla_optimization).
 """
 import functools
 import os
+import pathlib
 
 os.environ.setdefault(
     "XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# XLA's persistent compilation cache for every program the suite compiles, in this process, its
+# xdist workers and the trainers the tests start as subprocesses (all inherit the variables):
+# one folder per machine, beside the encoder_jax data cache the tests also use (the rule of
+# encoder_jax.data.fetch.cache_root, which cannot be imported before JAX is set up here). A
+# program compiled once is loaded, not recompiled, by the next test or the next run of the suite;
+# a changed program has a new key (its HLO, the compile options and XLA_FLAGS are hashed), so a
+# broken piece still compiles and fails. Kept under CACHE_LIMIT by pytest_sessionstart below.
+CACHE_DIR = os.path.join(
+    os.environ.get("ENCODER_JAX_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "encoder_jax"), "xla-tests")
+CACHE_LIMIT = 1 << 30  # bytes; one run of the whole suite writes ~80 MB
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", CACHE_DIR)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+def pytest_sessionstart(session):
+  """Prunes the suite's compilation cache (the folder chosen above, not one a user set) to half
+  of CACHE_LIMIT when it has grown past it, oldest entries first, once per run. Not JAX's own
+  limit (jax_compilation_cache_max_size): that one scans and stats the whole folder on every
+  write, and the suite's ~3,500 programs then took minutes more to cache than to compile."""
+  if hasattr(session.config, "workerinput") or os.environ["JAX_COMPILATION_CACHE_DIR"] != CACHE_DIR:
+    return  # (an xdist worker: the controller prunes)
+  files = [(f.stat().st_mtime, f.stat().st_size, f) for f in pathlib.Path(CACHE_DIR).glob("*")
+           if f.is_file()]
+  total = sum(size for _, size, _ in files)
+  if total > CACHE_LIMIT:
+    for _, size, f in sorted(files):
+      if total <= CACHE_LIMIT // 2:
+        break
+      f.unlink(missing_ok=True)
+      total -= size
 
 
 def pytest_xdist_auto_num_workers(config):

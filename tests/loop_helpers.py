@@ -1,7 +1,6 @@
 """Shared by test_loop.py and test_recovery.py: a tiny trainer config on a three-document
 corpus, and drivers that run the trainer in a fresh process (to kill it, signal it, or inject
 a fault into the checkpoint writer)."""
-import contextlib
 import os
 import pathlib
 import subprocess
@@ -91,8 +90,7 @@ def get_config():
 def make_env(base: pathlib.Path) -> dict:
   for i, text in enumerate(DOCS):
     (base / f"doc{i}.txt").write_text(text + "\n")
-  return {"base": base, "source": f"files:{base}/doc*.txt", "data_dir": str(base / "tfds"),
-          "cache": str(base / "xla_cache")}
+  return {"base": base, "source": f"files:{base}/doc*.txt", "data_dir": str(base / "tfds")}
 
 
 def tiny_config(env, **train):
@@ -116,12 +114,11 @@ def budget_for(config, steps):
   return (steps - 0.5) * setup.build(config).flops_per_step
 
 
-def _child_env(env):
+def _child_env():
   # PYTHONPATH: the child imports the encoder_jax under test, not whichever one is installed.
-  return dict(os.environ, JAX_COMPILATION_CACHE_DIR=env["cache"],
-              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-              PYTHONPATH=os.pathsep.join([str(ROOT)] + os.environ.get("PYTHONPATH", "").split(
-                  os.pathsep)).rstrip(os.pathsep))
+  # (The compilation cache it inherits from tests/conftest.py, through os.environ.)
+  return dict(os.environ, PYTHONPATH=os.pathsep.join(
+      [str(ROOT)] + os.environ.get("PYTHONPATH", "").split(os.pathsep)).rstrip(os.pathsep))
 
 
 def run_subprocess(env, config, workdir, hang_after=0, term_at=0):
@@ -132,7 +129,7 @@ def run_subprocess(env, config, workdir, hang_after=0, term_at=0):
   marker = str(cfg_path.with_suffix(".marker"))
   proc = subprocess.Popen([sys.executable, str(env["base"] / "driver.py"), str(cfg_path),
                            str(workdir), str(hang_after), str(term_at), marker], cwd=ROOT,
-                          env=_child_env(env), stdout=subprocess.PIPE,
+                          env=_child_env(), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
   return proc, marker
 
@@ -149,7 +146,7 @@ def run_cli(env, config, workdir, fault=""):
   command = [str(env["base"] / "cli_driver.py"), fault] if fault else ["-m", "encoder_jax.main"]
   return subprocess.Popen(
       [sys.executable, "-u", *command, "--mode=pretrain", f"--config={cfg_py}",
-       f"--workdir={workdir}"], cwd=ROOT, env=_child_env(env), stdout=subprocess.PIPE,
+       f"--workdir={workdir}"], cwd=ROOT, env=_child_env(), stdout=subprocess.PIPE,
       stderr=subprocess.STDOUT, text=True)
 
 
@@ -191,18 +188,3 @@ def assert_bitwise_equal(a, b):
     x, y = np.asarray(x), np.asarray(y)
     assert x.dtype == y.dtype and x.shape == y.shape
     assert x.tobytes() == y.tobytes()
-
-
-@contextlib.contextmanager
-def compilation_cache(directory: str):
-  """JAX's persistent compilation cache in `directory` (every program cached) for the block:
-  the trainer tests run the same small programs many times."""
-  keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
-  old = {k: getattr(jax.config, k) for k in keys}
-  jax.config.update("jax_compilation_cache_dir", directory)
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  try:
-    yield
-  finally:
-    for k, v in old.items():
-      jax.config.update(k, v)

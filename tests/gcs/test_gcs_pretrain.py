@@ -28,7 +28,7 @@ from encoder_jax import paths
 from encoder_jax.convert import export
 from encoder_jax.finetune import backbone, finetune_and_evaluate
 from encoder_jax.train import checkpoint, loop, setup
-from loop_helpers import (DOCS, N, ROOT, assert_bitwise_equal, budget_for, compilation_cache,
+from loop_helpers import (DOCS, N, ROOT, assert_bitwise_equal, budget_for,
                           eval_rows, restore,
                           run_subprocess, tiny_config, train_rows, wait_for)
 
@@ -37,14 +37,13 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def env(gcs, tmp_path_factory):
-  base = tmp_path_factory.mktemp("gcs_loop")  # local: the driver, its marker, the XLA cache
+  base = tmp_path_factory.mktemp("gcs_loop")  # local: the driver and its marker
   bucket = epath.Path(gcs["root"])
   for i, text in enumerate(DOCS):
     (bucket / "corpus" / f"doc{i}.txt").write_text(text + "\n")
   env = {"base": base, "source": f"files:{bucket}/corpus/doc*.txt",
-         "data_dir": f"{bucket}/tfds", "cache": str(base / "xla_cache"), "bucket": bucket}
-  with compilation_cache(env["cache"]):
-    yield env
+         "data_dir": f"{bucket}/tfds", "bucket": bucket}
+  return env
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The trainer tests' shared corpus and compilation cache (tests/loop_helpers.py)."""
+"""The trainer tests' shared corpus (tests/loop_helpers.py) and the learnability corpus."""
 
 import filelock
 import pytest
@@ -10,16 +10,14 @@ import loop_helpers
 
 @pytest.fixture(scope="session")
 def loop_base(tmp_path_factory):
-  """Corpus files, a TFDS data_dir and an XLA cache shared by every trainer run of the session:
-  all runs compile the same small programs."""
+  """Corpus files and a TFDS data_dir shared by every trainer run of the session."""
   return loop_helpers.make_env(tmp_path_factory.mktemp("loop"))
 
 
 @pytest.fixture(scope="module")
 def env(loop_base):
-  """The persistent compilation cache on, for the modules that run the trainer only."""
-  with loop_helpers.compilation_cache(loop_base["cache"]):
-    yield loop_base
+  """The trainer tests' corpus and data_dir (`loop_base`), under the name the modules use."""
+  return loop_base
 
 
 @pytest.fixture(scope="session")
