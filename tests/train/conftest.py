@@ -9,15 +9,9 @@ import loop_helpers
 
 
 @pytest.fixture(scope="session")
-def loop_base(tmp_path_factory):
+def env(tmp_path_factory):
   """Corpus files and a TFDS data_dir shared by every trainer run of the session."""
   return loop_helpers.make_env(tmp_path_factory.mktemp("loop"))
-
-
-@pytest.fixture(scope="module")
-def env(loop_base):
-  """The trainer tests' corpus and data_dir (`loop_base`), under the name the modules use."""
-  return loop_base
 
 
 @pytest.fixture(scope="session")
