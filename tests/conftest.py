@@ -46,8 +46,8 @@ def pytest_sessionstart(session):
   write, and the suite's ~3,400 programs then took minutes more to cache than to compile."""
   if hasattr(session.config, "workerinput") or os.environ["JAX_COMPILATION_CACHE_DIR"] != CACHE_DIR:
     return  # (an xdist worker: the controller prunes)
-  files = [(f.stat().st_mtime, f.stat().st_size, f) for f in pathlib.Path(CACHE_DIR).glob("*")
-           if f.is_file()]
+  files = [(st.st_mtime, st.st_size, f) for f in pathlib.Path(CACHE_DIR).glob("*")
+           if f.is_file() and (st := f.stat())]
   total = sum(size for _, size, _ in files)
   if total > CACHE_LIMIT:
     for _, size, f in sorted(files):

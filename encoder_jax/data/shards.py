@@ -355,12 +355,13 @@ def build_source(part: str, vocab_path: str, example: examples.ExampleConfig, ou
   # The pool starts with the third shard: a source of one or two shards (the demo, a grid's
   # small parts) builds here, without paying for worker processes that import the package.
   pool, deferred = None, []
-  last_log = [start]
+  last_log = start
 
   def finished(result: dict) -> None:  # a shard is built: progress with its rate, now and then
+    nonlocal last_log
     done.append(result)
-    if (now := time.perf_counter()) - last_log[0] >= PROGRESS_EVERY_S:
-      last_log[0], tokens = now, sum(d["tokens"] for d in done)
+    if (now := time.perf_counter()) - last_log >= PROGRESS_EVERY_S:
+      last_log, tokens = now, sum(d["tokens"] for d in done)
       logging.info("building %s: %d shards, %d tokens so far (%.0f tokens/s)", part, len(done),
                    tokens, tokens / max(now - start, 1e-9))
 
