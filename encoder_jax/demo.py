@@ -21,7 +21,7 @@ import json
 import pathlib
 import time
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
 FLAGS = flags.FLAGS
@@ -286,11 +286,9 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  # XLA's persistent compilation cache (as every encoder_jax command): the random-init
-  # fine-tuning jobs compile the same programs as the checkpoint's, and a re-run compiles
-  # nothing. Set before JAX is imported (the config file imports it).
+  # encoder_jax.cli.run: one-line errors, --help exits 0, library logs to a file, and XLA's
+  # persistent compilation cache (the random-init fine-tuning jobs compile the same programs
+  # as the checkpoint's, and a re-run compiles nothing), set before JAX is imported.
   from encoder_jax import cli  # pylint: disable=g-import-not-at-top
-  cli.enable_compilation_cache()
   _define_flags()
-  logging.set_verbosity(logging.WARNING)
-  app.run(main)
+  cli.run(main, "encoder_jax.demo")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 import time
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
 from encoder_jax import cli
@@ -108,7 +108,6 @@ def init_distributed() -> None:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  logging.set_verbosity(logging.WARNING)
   if FLAGS.mode is None:  # no default: a training command must never run something else
     raise app.UsageError("--mode is required: " + "; ".join(
         f"--mode={k} ({v})" for k, v in MODES.items()) + ".")

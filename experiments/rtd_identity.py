@@ -85,7 +85,10 @@ def measure(run_dir: pathlib.Path, eval_steps: int, smoothing: float) -> dict:
   try:
     with tempfile.TemporaryDirectory() as tmp:
       copy = pathlib.Path(tmp) / "run"
-      shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("tensorboard"))
+      # Without its summary.json, the finished run is evaluated again (the trainer returns a
+      # finished run's recorded summary untouched otherwise).
+      shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("tensorboard",
+                                                                   "summary.json"))
       summary = loop.train_and_evaluate(config, str(copy))
   finally:
     electra_obj.main_targets = real

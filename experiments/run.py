@@ -15,10 +15,11 @@ and electra_curve (demo scale only: MLM vs ELECTRA along one long run each, anal
 four main grids; generator_size and electra_curve are named explicitly). `run` executes
 unfinished points in order and skips finished ones: kill it at any time and run the same
 command again. The report goes to --out (default
-experiments/results/<grid>, <grid>_gpu or <grid>_base, where committed results live); `run`,
-`report` and `plan` append what produced it (git commit and dirty files, date, command line,
-the grid's configs, host, jax/flax/optax versions) to <out>/provenance.json, one record per
-invocation (experiments/provenance.py), and results.md opens with the commit and date.
+experiments/results/<grid>, <grid>_gpu or <grid>_base, where committed results live); `run`
+and `report` append what produced it (git commit and dirty files, date, command line, the
+grid's configs, host, jax/flax/optax versions) to <out>/provenance.json, one record per
+invocation (experiments/provenance.py), and results.md opens with the commit and date. `plan`
+writes nothing tracked: its plan.md and record go under the run folder (--workdir).
 """
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ _SCALE = flags.DEFINE_enum("scale", "demo", list(grids.SCALES),
 _ACTION = flags.DEFINE_enum(
     "action", "run", ["run", "report", "plan", "launch", "status"],
     "run: execute unfinished points, then report. report: tables + plots from what is on "
-    "disk. plan: points, steps, FLOPs and estimated accelerator time. launch: print one launch "
+    "disk. plan: points, steps, FLOPs and estimated accelerator time, printed and written to "
+    "<workdir>/plan.md (never into the tracked results). launch: print one launch "
     "command per point (--launcher). status: each point's state.")
 _WORKDIR = flags.DEFINE_string("workdir", "", "Where points run (default "
                                "experiments/runs/<grid>[_gpu|_base]). With several grids: the "
@@ -129,11 +131,6 @@ def main(argv):
   # Every record of this invocation names the tree as it was now, when its code was loaded
   # (with --in_process all of it; a commit made while the grids run is not theirs).
   provenance.pin_git_state()
-  from encoder_jax import cli  # before JAX is imported: in-process jobs share XLA's cache
-  cli.enable_compilation_cache()
-  if _IN_PROCESS.value:
-    from absl import logging  # the trainer's own progress lines are the output
-    logging.set_verbosity(logging.WARNING)
   suffix = "" if _SCALE.value == "demo" else f"_{_SCALE.value}"
   suffix += "_dry_run" if _DRY_RUN.value else ""
   several = len(names) > 1
@@ -167,8 +164,11 @@ def main(argv):
 def run_one(grid, name: str, workdir: str, out: str) -> None:
   points = grid.select(_ONLY.value) if _ONLY.value else grid.points
   action = _ACTION.value
-  if action in ("run", "report", "plan"):  # what produced the folder's files, appended
-    rec = provenance.record(out, grid, action=action, scale=_SCALE.value, points=points,
+  # What produced the folder's files, appended. A plan is written under the run folder
+  # (experiments/runs/, not tracked): planning changes no committed result.
+  if action in ("run", "report", "plan"):
+    rec = provenance.record(workdir if action == "plan" else out, grid, action=action,
+                            scale=_SCALE.value, points=points,
                             workdir=None if action == "plan" else workdir)
   if action == "plan":
     device = _DEVICE.value or ("h200" if _SCALE.value == "gpu" else "v4-32")
@@ -178,9 +178,10 @@ def run_one(grid, name: str, workdir: str, out: str) -> None:
                       "Launch: `python -m experiments.run --grid=" + name + " --scale="
                       + _SCALE.value + " --action=launch --launcher=tpu_pod|slurm`"])
     print(text)
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "plan.md"), "w") as f:
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "plan.md"), "w") as f:
       f.write(text + "\n")
+    print(f"wrote {os.path.join(workdir, 'plan.md')}")
   elif action == "launch":
     print("\n".join(runner.launch_commands(grid, workdir, _LAUNCHER.value, points)))
   elif action == "status":
@@ -196,4 +197,5 @@ def run_one(grid, name: str, workdir: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  from encoder_jax import cli  # before JAX is imported: in-process jobs share XLA's cache
+  cli.run(main, "experiments.run")

@@ -176,4 +176,5 @@ def main(argv):
 
 if __name__ == "__main__":
   flags.mark_flags_as_required(["workdir", "out"])
-  app.run(main)
+  from encoder_jax import cli  # pylint: disable=g-import-not-at-top
+  cli.run(main, "encoder_jax.convert.export")

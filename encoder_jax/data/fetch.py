@@ -286,7 +286,7 @@ def _main(argv):
 
 
 if __name__ == "__main__":
-  from absl import app, flags  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
   flags.DEFINE_list("artifacts", ["all"],
                     "Comma-separated artifacts to fetch, or 'all'. Known: "
                     f"{', '.join(sorted(ARTIFACTS))}.")
@@ -294,4 +294,5 @@ if __name__ == "__main__":
                       "$XDG_CACHE_HOME/encoder_jax, else ~/.cache/encoder_jax).")
   flags.DEFINE_bool("extract", True, "Also unpack each archive into <cache>/<name>/extracted.")
   FLAGS = flags.FLAGS
-  app.run(_main)
+  from encoder_jax import cli  # pylint: disable=g-import-not-at-top
+  cli.run(_main, "encoder_jax.data.fetch")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 
-from absl import app, flags, logging
+from absl import app, flags
 from etils import epath
 from ml_collections import config_flags
 
@@ -31,7 +31,6 @@ flags.DEFINE_list("report", [], "Instead of training: workdirs of finished runs 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  logging.set_verbosity(logging.INFO)
   from encoder_jax.finetune.run import finetune_and_evaluate, markdown_table
   if FLAGS.report:
     results = []

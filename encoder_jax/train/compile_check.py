@@ -195,4 +195,5 @@ if __name__ == "__main__":
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                f" --xla_force_host_platform_device_count={n}")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  app.run(main)
+  from encoder_jax import cli  # pylint: disable=g-import-not-at-top
+  cli.run(main, "encoder_jax.train.compile_check")

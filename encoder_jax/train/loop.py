@@ -52,6 +52,13 @@ Behaviour a user relies on:
     them stops all of them after the same step (JAX's preemption sync), which they save.
   * train.flops_budget ends the run at the first step whose cumulative FLOPs reach it
     (analytic FLOPs, encoder_jax.train.flops), so ablations compare at equal compute.
+  * A finished run is never rewritten: its command run again prints "already finished at
+    step N of N; raise train.steps to continue" and returns the recorded summary (summary.json
+    stays byte for byte). A resume under another learning-rate schedule (more train.steps
+    stretch the decay horizon) prints what the learning rate does at the resume step.
+  * Progress: a line at least every loop_parts.PROGRESS_EVERY_S (30 s) of training whatever
+    train.log_every is (steps/s, tokens/s and ETA from the steps so far), besides the metric
+    rows every log_every steps.
 """
 from __future__ import annotations
 
@@ -68,13 +75,14 @@ import numpy as np
 from encoder_jax import paths
 from encoder_jax.data import unigram
 from encoder_jax.data.builders import resolve_vocab
+from encoder_jax.model import matmul
 from encoder_jax.train import flops as flops_lib
 from encoder_jax.train import init_from
 from encoder_jax.train import loop_parts as parts
 from encoder_jax.train import recovery
 from encoder_jax.train import setup, sharding
 from encoder_jax.train import step as step_lib
-from encoder_jax.train.checkpoint import Checkpointer
+from encoder_jax.train.checkpoint import Checkpointer, verify
 from encoder_jax.train.metrics_io import (MetricWriter, Stage, format_duration,
                                           progress_line)
 
@@ -197,6 +205,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   s = setup.build(config)  # the one boundary: below, only the frozen Setup is read
   del config
   t = s.train
+  finished = _finished_summary(s, workdir)
+  if finished is not None:
+    return finished
+  record = workdir / setup.CONFIG_FILE
+  recorded_config = record.read_text() if record.exists() else None
   # The mesh (data, fsdp, tensor) comes from config.mesh; nothing below depends on it:
   # batches are split over data x fsdp, checkpoints restore into the state's shardings.
   mesh = sharding.mesh_from_config(s.mesh)
@@ -212,8 +225,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     with Stage(f"preparing the corpus ({s.data.source})"):
       train_loader = setup.make_loader(s.data, "train")
       train_it = iter(train_loader)
-      eval_loader = (setup.make_loader(s.data, s.data.eval_split) if t.eval_steps > 0
-                     else None)
+      eval_loader = _eval_loader(s) if t.eval_steps > 0 else None
     baseline = (unigram_baseline(s, train_loader.rows) if eval_loader is not None
                 else (None, None))
     if eval_loader is not None:
@@ -221,12 +233,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     begin = recovery.restore_or_init(
         ckpt, t, abstract, lambda: start_state(s, state_shardings, pretrained),
         train_it, _say)
-    n_peak, peak, kind = flops_lib.peak_of_mesh(mesh, t.peak_flops)
+    if begin.step and recorded_config is not None:
+      note = setup.schedule_change_note(recorded_config, s, begin.step)
+      if note:
+        _say(note)
+    cfg = s.model_cfg
+    dots = ("bfloat16" if matmul.bf16_dots(cfg.dot_dtype, cfg.dtype, cfg.platform)
+            else "float32")
+    n_peak, peak, peak_source = flops_lib.peak_of_mesh(mesh, t.peak_flops, dots)
     num_params = sum(x.size for x in jax.tree.leaves(begin.state.params))
     _say(f"{s.obj.objective} ({s.obj.sentence_task}) | {num_params:,} params | "
          f"batch {s.data.batch_size} x {s.data.example.max_length} | "
-         f"{s.flops_per_step:.3g} FLOPs/step | peak {n_peak} x {peak / 1e9:.1f} GFLOP/s "
-         f"({kind}{', measured per host' if mesh.devices.flat[0].platform == 'cpu' else ''}) | "
+         f"{s.flops_per_step:.3g} FLOPs/step | MFU against a peak of {n_peak} x "
+         f"{peak / 1e9:.1f} GFLOP/s ({peak_source}) | "
          f"steps {begin.step} -> {s.end_step} ({s.planned_stop})")
     run = _Run(s, workdir, begin, ckpt, train_it, eval_loader, baseline[0], mesh,
                steps, parts.ThroughputMeter(s.flops_per_step, s.tokens_per_step, n_peak, peak),
@@ -250,15 +269,62 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       final_eval_loss=run.last_eval.get("loss"), final_train=run.last_train,
       final_eval=run.last_eval, unigram_entropy=baseline[1],
       checkpoints=run.checkpoints, rollback_checkpoint=run.rollback.step)
+  summary["mfu_note"] = flops_lib.mfu_above_peak_note(summary.get("mfu"))
   _write_summary(workdir, summary)
   _say(f"done: {run.step} steps ({stop_reason}) in {format_duration(wall_s)}; summary "
        + json.dumps({k: summary[k] for k in ("steps", "wall_s", "tokens_per_s", "mfu",
                                              "cumulative_flops", "final_train_loss",
                                              "final_eval_loss")}))
-  line = parts.heldout_line(run.step, run.last_eval, baseline[1])
+  for line in (summary["mfu_note"], parts.heldout_line(run.step, run.last_eval, baseline[1],
+                                                      s.data.eval_split)):
+    if line:
+      _say(line)
+  return summary
+
+
+def _finished_summary(s: setup.Setup, workdir: epath.Path) -> dict | None:
+  """A run that already reached its end (its command run again): says so and returns the
+  recorded summary, rewriting nothing. None when there is training left to do, the summary is
+  missing (e.g. experiments/rtd_identity.py re-evaluates a copy without it), the final
+  checkpoint does not verify, or a rollback (train.resume_step) was asked for."""
+  path = workdir / SUMMARY_FILE
+  if s.train.resume_step or not path.exists():
+    return None
+  try:
+    summary = json.loads(path.read_text())
+  except ValueError:
+    return None
+  done = summary.get("steps")
+  if summary.get("stop_reason") not in ("steps", "flops_budget") or not isinstance(done, int):
+    return None
+  if done < s.end_step:
+    return None
+  if verify(workdir / "checkpoints" / str(done)) is not None:
+    return None  # its final checkpoint is damaged: resume as usual (which sets it aside)
+  _say(f"already finished at step {done} of {s.end_step}; raise train.steps to continue "
+       f"({path} is left as it is)" if done == s.end_step else
+       f"already at step {done}, past this config's end step {s.end_step}; nothing to do "
+       f"({path} is left as it is)")
+  line = parts.heldout_line(done, summary.get("final_eval") or {},
+                            summary.get("unigram_entropy"), s.data.eval_split)
   if line:
     _say(line)
   return summary
+
+
+def _eval_loader(s: setup.Setup):
+  """The held-out split's loader, or an error that says what to do when it has no rows."""
+  try:
+    return setup.make_loader(s.data, s.data.eval_split)
+  except ValueError as e:
+    if f"no {s.data.eval_split} rows" not in str(e):
+      raise
+    raise setup.ConfigError(
+        f"data.source={s.data.source!r} has no {s.data.eval_split} rows to evaluate on (its "
+        f"documents all went to training); give --config.train.eval_steps=0 to train without a "
+        "held-out evaluation, or a source with more documents (files: one document per file, "
+        "or --config.data.blank_line_docs=True for one per blank-line-separated block)"
+        ) from None
 
 
 class _Steps:
@@ -305,6 +371,7 @@ class _Run:
     self.writer = MetricWriter(workdir, resume_step=begin.step)
     self.profiler = parts.StepProfiler(t.profile_steps, t.profile_num_steps,
                                        workdir / "profile")
+    self.heartbeat = parts.Heartbeat(s.end_step, s.tokens_per_step, t.log_every)
     self.compile_s, self.last_train, self.last_eval = None, {}, {}
 
   def train(self) -> str:
@@ -324,6 +391,7 @@ class _Run:
             jax.block_until_ready(metrics)
           self.compile_s = time.perf_counter() - t_loop
           self.meter.start(self.step + 1)
+          self.heartbeat.start(self.step + 1)
         else:
           self.state, metrics = self.train_step(self.state, batch)
         self.step += 1
@@ -336,6 +404,8 @@ class _Run:
         ahead = metrics
         self.ckpt.poll()  # a failed save stops the run now, not one checkpoint later
         self.periodic(self.schedule.at(self.step))
+        if (line := self.heartbeat.line(self.step)) is not None:
+          _say(line)
       self.profiler.close()
       if stop_reason == "preempted":
         if self.step > 0:  # (before any step there is nothing to save)
@@ -372,6 +442,7 @@ class _Run:
     self.writer.write(self.step, "train", scalars)
     _say(progress_line(self.step, self.s.end_step, scalars,
                        eta_s=self.meter.eta_s(self.s.end_step - self.step)))
+    self.heartbeat.printed()
     self.last_train = scalars
     self.meter.mark(self.step)
 

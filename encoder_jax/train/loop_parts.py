@@ -5,6 +5,7 @@
   rollback = Rollback(ckpt, meta.get("rollback"))
   due = Schedule(log_every, eval_every, checkpoint_every, end_step, evaluating).at(step)
   profiler = StepProfiler(first, count, workdir / "profile")  # train.profile_steps
+  heartbeat = Heartbeat(end_step, tokens_per_step, log_every)  # a line every 30 s at least
   step = Precompiled.of(jitted, *abstract_args, name="train step")  # compiles meanwhile
 
 encoder_jax.train.loop composes them (train_and_evaluate); its docstring states the behaviour
@@ -29,6 +30,7 @@ import numpy as np
 from encoder_jax import paths
 from encoder_jax.train import flops as flops_lib
 from encoder_jax.train.checkpoint import Checkpointer
+from encoder_jax.train.metrics_io import format_duration, si
 from encoder_jax.train.recovery import Window
 
 
@@ -141,6 +143,48 @@ class ThroughputMeter:
       flops_per_s = self.steady_steps / self.steady_s * self.flops_per_step
       out |= dict(flops_per_s=flops_per_s, mfu=flops_per_s / (self.n_devices * self.peak))
     return out
+
+
+PROGRESS_EVERY_S = 30.0  # the longest a training run goes without a progress line
+
+
+class Heartbeat:
+  """A progress line at least every PROGRESS_EVERY_S seconds of training, whatever
+  train.log_every is: where the run is, steps/s and tokens/s over the steps since the first
+  timed one (compilation excluded), and the ETA at that rate. It needs no metric from the
+  device, so it costs nothing; the metric rows stay on their log_every schedule. `printed()`
+  after any progress line restarts the interval."""
+
+  def __init__(self, end_step: int, tokens_per_step: int, log_every: int = 0,
+               every_s: float | None = None, clock: Callable[[], float] = time.perf_counter):
+    self.end_step, self.tokens_per_step, self.log_every = end_step, tokens_per_step, log_every
+    self.every_s = PROGRESS_EVERY_S if every_s is None else every_s
+    self.clock = clock
+    self.t0 = self.last = None
+    self.step0 = 0
+
+  def start(self, step: int) -> None:
+    self.t0 = self.last = self.clock()
+    self.step0 = step
+
+  def printed(self) -> None:
+    self.last = self.clock()
+
+  def line(self, step: int) -> str | None:
+    """The line to print now, or None (not yet due, or the clock has not started)."""
+    if self.t0 is None:
+      return None
+    now = self.clock()
+    if now - self.last < self.every_s or step <= self.step0 or step >= self.end_step:
+      return None
+    self.last = now
+    rate = (step - self.step0) / max(now - self.t0, 1e-9)
+    next_row = min((step // self.log_every + 1) * self.log_every, self.end_step) \
+        if self.log_every else self.end_step
+    nxt = f" | metrics at step {next_row}"
+    return (f"step {step:>{len(str(self.end_step))}d}/{self.end_step} | {rate:.3g} steps/s, "
+            f"{si(rate * self.tokens_per_step)} tok/s so far | "
+            f"ETA {format_duration((self.end_step - step) / rate)}{nxt}")
 
 
 class PendingMetrics:
@@ -285,7 +329,8 @@ class StepProfiler:
       self.local, self.done = None, True
 
 
-def heldout_line(step: int, ev: dict[str, float], unigram_entropy: float | None) -> str | None:
+def heldout_line(step: int, ev: dict[str, float], unigram_entropy: float | None,
+                 split: str = "validation") -> str | None:
   """The closing line on the held-out masked-LM scores against the unigram baseline, or None
   when the evaluation has no MLM scores (or no baseline)."""
   acc_key = next((k for k in ("mlm_accuracy", "gen_accuracy") if k in ev), None)
@@ -293,7 +338,10 @@ def heldout_line(step: int, ev: dict[str, float], unigram_entropy: float | None)
   if "unigram_loss" not in ev or not acc_key or not loss_key:
     return None
   at = loss_key.replace("_loss", "_at_mask")
-  return (f"held-out MLM at step {step}: accuracy {ev[acc_key]:.1%} (unigram baseline "
+  # Only the validation split's rows are held out (whole documents training never saw).
+  what = ("held-out MLM" if split == "validation" else
+          f"MLM on the {split} split (data.eval_split={split!r}: not held out)")
+  return (f"{what} at step {step}: accuracy {ev[acc_key]:.1%} (unigram baseline "
           f"{ev['unigram_accuracy']:.1%}), loss {ev[loss_key]:.3f} nats = "
           f"{ev['unigram_loss'] - ev[loss_key]:.3f} below the unigram baseline's "
           f"{ev['unigram_loss']:.3f} (corpus unigram entropy {unigram_entropy:.3f}); at [MASK] "

@@ -169,7 +169,7 @@ def format_duration(seconds: float) -> str:
   return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
 
 
-def _si(x: float) -> str:
+def si(x: float) -> str:
   for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
     if abs(x) >= scale:
       return f"{x / scale:.2f}{unit}"
@@ -189,10 +189,12 @@ def progress_line(step: int, total: int, scalars: Mapping[str, float], *, eta_s:
   parts.append(" ".join(f"{k} {scalars[k]:.4g}" for k in _PROGRESS_KEYS if k in scalars))
   if "tokens_per_s" in scalars:
     per_device = scalars.get("flops_per_s_per_device")
-    parts.append(f"{_si(scalars['tokens_per_s'])} tok/s {_si(scalars['flops_per_s'])}FLOP/s"
+    parts.append(f"{si(scalars['tokens_per_s'])} tok/s {si(scalars['flops_per_s'])}FLOP/s"
                  + ("" if per_device is None or per_device == scalars["flops_per_s"] else
-                    f" ({_si(per_device)}FLOP/s/device)")
-                 + f" MFU {100 * scalars['mfu']:.1f}%")
+                    f" ({si(per_device)}FLOP/s/device)")
+                 + f" MFU {100 * scalars['mfu']:.1f}%"
+                 + (" (above the stated peak: see summary.json's mfu_note)"
+                    if scalars["mfu"] > 1.0 else ""))
   parts.append(f"FLOPs {scalars.get('cumulative_flops', 0.0):.3g}")
   parts.append(f"ETA {format_duration(eta_s)}")
   return " | ".join(parts)

@@ -30,7 +30,7 @@ from encoder_jax.model.config import ModelConfig
 from encoder_jax.objectives import pretraining
 from encoder_jax.train import flops as flops_lib
 from encoder_jax.train import step as step_lib
-from encoder_jax.train.optim import OptimConfig, build_optimizer
+from encoder_jax.train.optim import OptimConfig, build_optimizer, learning_rate_schedule
 
 CONFIG_FILE = "config.json"
 
@@ -55,9 +55,6 @@ def check_train_config(config: ml_collections.ConfigDict) -> None:
               "skip_batches"):
     if t.get(key, 0) < 0:
       raise ConfigError(f"train.{key}={t[key]}: must be >= 0 (0 means never / none).")
-  if t.eval_every > 0 and t.eval_steps == 0:
-    raise ConfigError(f"train.eval_every={t.eval_every} with train.eval_steps=0 asks for "
-                      "evaluations of no batch: set eval_steps > 0, or eval_every=0.")
   if config.get("phase", 1) == 2 and not config.get("init_from"):
     raise ConfigError("phase=2 continues a phase-1 run: give --config.init_from=<phase-1 "
                       "workdir> (BERT's seq-512 phase starts from phase 1's parameters).")
@@ -268,6 +265,59 @@ class TrainSettings:
                profile_num_steps=t.get("profile_num_steps", 3))
 
 
+WARMUP_SHARE_OF_SHORT_RUNS = 0.1
+
+
+def optim_config(optim: dict, steps: int) -> tuple[OptimConfig, tuple[str, ...]]:
+  """config.optim (as a dict) for a run of `steps` step calls -> (OptimConfig, notes to print).
+
+  optim.total_steps = 0 (the default) is the run's own length in updates, steps /
+  accumulation_steps. A warm-up at least that long (the configs' BERT default of 10,000 steps
+  in a 100-step run) would never reach the peak: it is scaled to WARMUP_SHARE_OF_SHORT_RUNS of
+  the run (10%, rounded up), and a note says so and names the override. BERT warmed up over 1%
+  of its 1M steps and RoBERTa over 4.8% (24k of 500k); 10% is the usual share for short runs.
+  A total_steps given explicitly with a longer warm-up is a contradiction and is refused."""
+  od = dict(optim)
+  notes = []
+  if not od["total_steps"]:
+    od["total_steps"] = max(1, steps // od["accumulation_steps"])
+    if od["warmup_steps"] >= od["total_steps"] > 1:
+      scaled = math.ceil(WARMUP_SHARE_OF_SHORT_RUNS * od["total_steps"])
+      notes.append(f"optim.warmup_steps={od['warmup_steps']} is not shorter than this run's "
+                   f"{od['total_steps']} updates: warming up over {scaled} instead (10% of the "
+                   f"run); give --config.optim.warmup_steps=<N> to choose")
+      od["warmup_steps"] = scaled
+  return OptimConfig.from_dict(od), tuple(notes)
+
+
+def learning_rate_at(optim_cfg: OptimConfig, step: int) -> float:
+  """The learning rate of step call `step` (updates are step // accumulation_steps)."""
+  return float(learning_rate_schedule(optim_cfg)(step // optim_cfg.accumulation_steps))
+
+
+def schedule_change_note(old_config_json: str, s: "Setup", step: int) -> str | None:
+  """What a resume at `step` does to the learning-rate schedule when the recorded config's
+  (`old_config_json`, the run's config.json) differs from this one's; None when it does not."""
+  try:
+    old = ml_collections.ConfigDict(json.loads(old_config_json))
+    old_steps = old.train.steps or s.end_step
+    old_cfg, _ = optim_config(old.optim.to_dict(), old_steps)
+  except (ValueError, KeyError, AttributeError, TypeError):
+    return None
+  if old_cfg == s.optim_cfg:
+    return None
+  before, after = learning_rate_at(old_cfg, step), learning_rate_at(s.optim_cfg, step)
+  ended = " (the old schedule had ended)" if step >= old_cfg.total_steps * \
+      old_cfg.accumulation_steps else ""
+  return (f"resuming at step {step} with another learning-rate schedule: decay horizon "
+          f"{old_cfg.total_steps} -> {s.optim_cfg.total_steps} updates, warm-up "
+          f"{old_cfg.warmup_steps} -> {s.optim_cfg.warmup_steps}, peak {old_cfg.learning_rate:g} "
+          f"-> {s.optim_cfg.learning_rate:g}; the learning rate at step {step} goes from "
+          f"{before:.3g} to {after:.3g}{ended} and the schedule continues from there (to keep "
+          f"the old one, give --config.optim.total_steps={old_cfg.total_steps} and "
+          f"--config.optim.warmup_steps={old_cfg.warmup_steps})")
+
+
 @dataclasses.dataclass(frozen=True)
 class Setup:
   """Everything static about a run, derived once from the ConfigDict (`build`)."""
@@ -309,10 +359,9 @@ def build(config: ml_collections.ConfigDict, backend: str | None = None) -> Setu
   if budget_steps is not None and budget_steps <= steps:
     end_step, planned = budget_steps, "flops_budget"
 
-  od = config.optim.to_dict()
-  if not od["total_steps"]:
-    od["total_steps"] = max(1, steps // od["accumulation_steps"])
-  optim_cfg = OptimConfig.from_dict(od)
+  optim_cfg, notes = optim_config(config.optim.to_dict(), steps)
+  for note in notes:
+    logging.info("%s", note)
   tx, schedule = build_optimizer(optim_cfg, num_layers=model_cfg.num_layers)
   trainer, init_fn = step_lib.create(model_cfg, obj, tx, schedule, config.seed)
   mesh = config.get("mesh", "auto")

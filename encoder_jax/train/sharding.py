@@ -153,6 +153,7 @@ def describe(shardings: Any, abstract_state: Any) -> list[tuple[str, tuple[int, 
                                                is_leaf=lambda x: isinstance(x, NamedSharding))
   flat_a = jax.tree.leaves(abstract_state)
   for (path, s), a in zip(flat_s, flat_a):
-    name = jax.tree_util.keystr(path).replace(".value", "").replace("']['", "/")
-    rows.append((name.strip("[]'."), tuple(a.shape), str(s.spec)))
+    # "params/blocks/0/attn/out_bias" (a list index is one more part; nnx's `.value` is none)
+    name = jax.tree_util.keystr(path, simple=True, separator="/").removesuffix("/value")
+    rows.append((name, tuple(a.shape), str(s.spec)))
   return rows

@@ -366,23 +366,33 @@ def test_report_of_an_unstarted_grid_shows_todo(tmp_path):
   assert math.isnan(rows[0]["final_train_curve"])
 
 
-def test_cli_plan_and_help(tmp_path):
-  # --out: a plan without it would append to the committed experiments/results/ folder
-  out = subprocess.run([sys.executable, "-m", "experiments.run", "--grid=electra_vs_mlm",
-                        "--scale=base", "--action=plan", f"--out={tmp_path}"], cwd=REPO,
-                       capture_output=True, text=True, check=True).stdout
-  assert "objective=replace_mlm" in out and "6.4e+19" in out and "v4-32" in out
+def test_cli_plan_writes_nothing_tracked_and_help_exits_0(tmp_path):
+  """A plan (as the README runs it: no --out, no --workdir) goes under the ignored run folder:
+  the tracked tree, experiments/results/ included, is exactly as before."""
+  def tracked_state():
+    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO,
+                          capture_output=True, text=True, check=True).stdout
+  before = tracked_state()
+  got = subprocess.run([sys.executable, "-m", "experiments.run", "--grid=electra_vs_mlm",
+                        "--scale=base", "--action=plan"], cwd=REPO,
+                       capture_output=True, text=True, check=True)
+  assert "objective=replace_mlm" in got.stdout and "6.4e+19" in got.stdout
+  assert "v4-32" in got.stdout
+  assert tracked_state() == before, "experiments.run --action=plan changed the tracked tree"
+  plan_dir = REPO / "experiments" / "runs" / "electra_vs_mlm_base"
+  assert f"wrote {plan_dir / 'plan.md'}" in got.stdout
   # the plan records what computed it (experiments.provenance), and says so under its title
-  (rec,) = provenance.read(tmp_path)
+  rec = provenance.read(plan_dir)[-1]
   assert rec["action"] == "plan" and rec["grid"]["scale"] == "base"
   assert rec["command"] == ("python -m experiments.run --grid=electra_vs_mlm --scale=base "
-                            f"--action=plan --out={tmp_path}")
+                            "--action=plan")
   assert rec["git"]["commit"] == _git_head() and "status_before" not in rec["points"][0]
-  assert f"Planned at commit `{_git_head()[:12]}`" in (tmp_path / "plan.md").read_text()
-  help_text = subprocess.run([sys.executable, "-m", "experiments.run", "--helpfull"], cwd=REPO,
-                             capture_output=True, text=True).stdout
+  assert f"Planned at commit `{_git_head()[:12]}`" in (plan_dir / "plan.md").read_text()
+  help_run = subprocess.run([sys.executable, "-m", "experiments.run", "--helpfull"], cwd=REPO,
+                            capture_output=True, text=True)
+  assert help_run.returncode == 0, help_run.stderr
   for flag in ("--grid", "--action", "--only", "--launcher", "keep_going", "--plan_mfu"):
-    assert flag in help_text
+    assert flag in help_run.stdout
 
 
 def test_runner_end_to_end_with_real_subprocesses(tmp_path):

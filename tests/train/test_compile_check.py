@@ -2,6 +2,7 @@
 it assumes is the batch the loader yields, and its executable runs on real trainer inputs."""
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -56,3 +57,7 @@ def test_cli_prints_memory_and_the_sharding_table(env):
   out = proc.stdout
   assert "mesh(data,fsdp,tensor)=(1,4,2) on 8 cpu devices" in out and "per device:" in out
   assert "qkv_kernel" in out and "'tensor'" in out
+  # parameter names read as paths: "bert/encoder/blocks/0/attn/out_bias", no key syntax
+  names = [line.split()[0] for line in out.splitlines() if "kernel" in line and "P(" in line]
+  assert names and all(re.fullmatch(r"[\w/]+", n) for n in names), names
+  assert any(re.search(r"/blocks/\d+/attn/qkv_kernel$", n) for n in names), names

@@ -193,7 +193,6 @@ def test_configs_build(arg):
     (dict(flops_budget=-1.0), "flops_budget=-1"),
     (dict(checkpoint_every=-1), r"train.checkpoint_every=-1: must be >= 0 \(0 means never"),
     (dict(log_every=-3), r"train.log_every=-3"),
-    (dict(eval_every=100, eval_steps=0), "evaluations of no batch"),
     (dict(keep=0), "keep at least one"),
     (dict(skip_batches=10), "skip_batches=10 needs train.resume_step"),
 ])
@@ -251,11 +250,81 @@ def test_steps_compiled_ahead_take_what_the_loop_passes(env, tmp_path, monkeypat
   for fn in (steps.train, steps.eval):
     assert isinstance(fn, parts.Precompiled) and not fn.fell_back, fn.name
     assert fn._compiled is not None and fn._future is None  # called, and through the program
-  if masking == "dynamic":  # the same command again: a finished run takes no step, so its
-    again = loop.train_and_evaluate(config, str(tmp_path))  # train step is not compiled
-    assert not isinstance(made[1].train, parts.Precompiled)
-    assert made[1].train._cache_size() == 0 and isinstance(made[1].eval, parts.Precompiled)
-    assert again["steps"] == 3 and again["final_eval"] == summary["final_eval"]
+
+
+def test_a_finished_run_is_never_rewritten(env, tmp_path, monkeypatch, capsys):
+  """The same command again on a finished run says so, builds no step, and leaves every file
+  of the run as it was (summary.json byte for byte); more steps then train on, saying what
+  the learning-rate schedule does at the resume step."""
+  config = tiny_config(env, steps=3, log_every=0, eval_every=3, eval_steps=1,
+                       checkpoint_every=0)
+  config.optim.total_steps = 0  # the run's own length: more steps stretch the decay
+  summary = loop.train_and_evaluate(config, str(tmp_path))
+  files = {f: f.read_bytes() for f in tmp_path.rglob("*") if f.is_file()}
+  built = []
+  monkeypatch.setattr(loop, "_Steps", lambda *a, **k: built.append(1))
+  capsys.readouterr()
+  again = loop.train_and_evaluate(config, str(tmp_path))
+  out = capsys.readouterr().out
+  assert "already finished at step 3 of 3; raise train.steps to continue" in out
+  assert built == []
+  assert json.dumps(again, sort_keys=True, default=float) == json.dumps(summary, sort_keys=True,
+                                                                          default=float)
+  assert {f: f.read_bytes() for f in tmp_path.rglob("*") if f.is_file()} == files
+  monkeypatch.undo()
+  config.train.steps = 6
+  more = loop.train_and_evaluate(config, str(tmp_path))
+  out = capsys.readouterr().out
+  assert more["steps"] == 6 and more["resumed_from"] == 3
+  assert ("resuming at step 3 with another learning-rate schedule: decay horizon 3 -> 6 "
+          "updates") in out and "(the old schedule had ended)" in out
+
+
+def test_a_warm_up_longer_than_the_run_is_scaled_with_a_note(env, caplog):
+  """BERT's 10,000 warm-up steps in a 100-step run would never reach the peak: warm up over
+  10% of the run, and say so; a total_steps given with a longer warm-up is refused."""
+  config = tiny_config(env, steps=100)
+  config.optim.update(dict(warmup_steps=10_000, total_steps=0))
+  with caplog.at_level("INFO"):
+    s = setup.build(config)
+  assert s.optim_cfg.total_steps == 100 and s.optim_cfg.warmup_steps == 10
+  assert "optim.warmup_steps=10000 is not shorter than this run's 100 updates: warming up " \
+         "over 10 instead" in caplog.text
+  config.optim.total_steps = 50
+  with pytest.raises(ValueError, match=r"optim.warmup_steps=10000 must be in \[0, total_steps"):
+    setup.build(config)
+
+
+def test_a_progress_line_comes_whatever_log_every_is(env, tmp_path, monkeypatch, capsys):
+  """With metrics rows far apart (log_every beyond the run), the heartbeat still prints where
+  the run is, its rate and ETA (here due at every step: PROGRESS_EVERY_S = 0)."""
+  monkeypatch.setattr(parts, "PROGRESS_EVERY_S", 0.0)
+  config = tiny_config(env, steps=5, log_every=1000, eval_every=0, eval_steps=0,
+                       checkpoint_every=0)
+  loop.train_and_evaluate(config, str(tmp_path))
+  beats = [line for line in capsys.readouterr().out.splitlines() if "steps/s" in line]
+  assert [line.split("/")[0] for line in beats] == [f"step {i}" for i in (2, 3, 4)], beats
+  assert all("tok/s so far | ETA " in line and "metrics at step 5" in line for line in beats)
+
+
+def test_heartbeat_is_due_every_interval_and_after_printed_lines():
+  now = [0.0]
+  beat = parts.Heartbeat(100, 64, log_every=50, every_s=30.0, clock=lambda: now[0])
+  assert beat.line(1) is None  # not started (the first step compiles)
+  beat.start(1)
+  now[0] = 29.0
+  assert beat.line(5) is None
+  now[0] = 31.0
+  line = beat.line(7)
+  assert line.startswith("step   7/100 | 0.194 steps/s, 12.4 tok/s so far | ETA ")
+  assert line.endswith("| metrics at step 50")
+  now[0] = 50.0
+  assert beat.line(9) is None  # 19 s since the last line
+  beat.printed()  # a metrics row was printed at 50 s
+  now[0] = 75.0
+  assert beat.line(12) is None
+  now[0] = 81.0
+  assert beat.line(13) is not None
 
 
 def test_precompiled_falls_back_to_jit_for_other_arguments_and_passes_wrappers_through():

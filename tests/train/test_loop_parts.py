@@ -125,6 +125,10 @@ def test_heldout_line_states_the_gap_to_the_unigram_baseline():
   gen = {k.replace("mlm", "gen"): v for k, v in ev.items()}
   assert "accuracy 30.0%" in parts.heldout_line(1, gen, 6.2)
   assert parts.heldout_line(1, {"loss": 1.0}, None) is None
+  # another split than validation is scored the same way but never called held out
+  other = parts.heldout_line(100, ev, 6.2, split="train")
+  assert other.startswith("MLM on the train split (data.eval_split='train': not held out) at "
+                          "step 100: accuracy 30.0%") and "held-out" not in other
   assert parts.heldout_line(1, {k: v for k, v in ev.items() if "unigram" not in k}, 6.2) is None
 
 
