@@ -5,6 +5,7 @@
 #   bash run.sh python ...     anything else inside the project's virtualenv
 #   bash run.sh tpu ...        the same with the TPU compiler (libtpu) on the path: compiles
 #                              the real step for abstract TPU topologies on this CPU
+#   bash run.sh tb [dir] [...] TensorBoard on the runs under dir (default runs/), port 6006
 # Creates (or reuses) ./.venv and installs the pinned requirements the first time, and again
 # whenever setup.py changes. Set PYTHON to choose the interpreter (default python3.11).
 set -euo pipefail
@@ -14,9 +15,10 @@ VENV=${ENCODER_JAX_VENV:-.venv}
 what=${1:-}
 [ $# -gt 0 ] && shift
 
-ensure_venv() {  # $1: pip extras ("" or "[test]")
-  local stamp="$VENV/.installed-$(sha256sum setup.py | cut -c1-16)$1"
-  if [ ! -f "$stamp" ]; then
+ensure_venv() {  # $1: pip extras ("" or "[test]"); a venv with the test extra has it all
+  local base="$VENV/.installed-$(sha256sum setup.py | cut -c1-16)"
+  local stamp="$base$1"
+  if [ ! -f "$stamp" ] && [ ! -f "$base[test]" ]; then
     [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
     echo "installing encoder_jax$1 into $VENV (first run only, ~2-3 minutes)..." >&2
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".$1"
@@ -62,6 +64,13 @@ case "$what" in
   python)
     ensure_venv "[test]"
     exec "$VENV/bin/python" "$@" ;;
+  tb)
+    # Every run writes TensorBoard event files to <workdir>/tensorboard; this serves the curves
+    # of every run under the folder (compare runs side by side). Extra flags go to tensorboard.
+    ensure_venv ""
+    logdir=${1:-runs}
+    [ $# -gt 0 ] && shift
+    exec "$VENV/bin/tensorboard" --logdir "$logdir" --port "${TB_PORT:-6006}" "$@" ;;
   *)
-    sed -n '2,10p' "$0" >&2; exit 2 ;;
+    sed -n '2,11p' "$0" >&2; exit 2 ;;
 esac

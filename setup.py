@@ -22,7 +22,8 @@ INSTALL_REQUIRES = [
     "scipy==1.17.1",  # jax needs it anyway; the fine-tuning Spearman ranks with it
     "tokenizers==0.23.3",
     "safetensors==0.8.0",
-    "tensorboardX==2.6.5",
+    "tensorboardX==2.6.5",  # writes the event files (tensorboard's own writer needs TF)
+    "tensorboard==2.21.0",  # reads them: `bash run.sh tb <workdir>` serves a run's curves
     "matplotlib==3.11.2",
     "sentencex==1.0.32",  # sentence splitter (Rust, Wikimedia): ~1000x faster than pysbd here
     "importlib-resources==7.1.0",  # tfds builders need it (etils.epath) and do not declare it
