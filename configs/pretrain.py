@@ -161,7 +161,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # files:books/*.txt@0.25), NSP negatives drawn within each source
       source="demo",
       # minilm (BERT uncased, 30,522 ids) | demo[:<size>] (WordPiece trained on the demo corpus,
-      # cached; 8,192 by default) | a path to a vocab.txt
+      # cached; 8,192 by default) | demo-bpe[:<size>] (byte-level BPE, likewise) | a path to a
+      # vocab.txt (WordPiece), to a vocab.json with merges.txt beside it (byte-level BPE, e.g.
+      # RoBERTa's), or to a folder holding either
       vocab="minilm",
       format=fmt,
       max_length=128,
