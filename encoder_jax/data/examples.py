@@ -51,6 +51,7 @@ class Layout:
 
 
 LAYOUTS = {"bert": Layout(pair_seps=1, typed=True), "roberta": Layout(pair_seps=2, typed=False)}
+
 # Documents per row shard (data/shards.py). Rows are planned per shard, so NSP / SOP negatives
 # and cross-document rows come from the same shard's documents.
 DOCS_PER_SHARD = 1024
