@@ -56,7 +56,7 @@ def demo_rows(cfg: examples.ExampleConfig) -> shards.ShardedRows:
 
 def main(argv):
   del argv
-  tok = tokenizer.WordPieceTokenizer.from_vocab(builders.resolve_vocab("minilm"))
+  tok = tokenizer.load(builders.resolve_vocab("minilm"))
 
   sents = [s for d in sources.demo_documents(split="train")[:150] for s in d.sentences]
   t = time.perf_counter()

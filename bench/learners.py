@@ -64,7 +64,7 @@ class OursLearner:
     import jax
     from encoder_jax.data import unigram
     from encoder_jax.data.builders import resolve_vocab
-    from encoder_jax.data.tokenizer import WordPieceTokenizer
+    from encoder_jax.data import tokenizer
     from encoder_jax.train import loop, setup, sharding
     from encoder_jax.train import step as step_lib
     self.jax, self.spec = jax, spec
@@ -83,8 +83,8 @@ class OursLearner:
       export_hf_bert(nnx.merge(s.trainer.graphdef_eval, self.state.params),
                      payload["export_dir"])
 
-    eval_tok = WordPieceTokenizer.from_vocab(resolve_vocab(eval_config.data.vocab,
-                                                           eval_config.data.cache_dir or None))
+    eval_tok = tokenizer.load(resolve_vocab(eval_config.data.vocab,
+                                            eval_config.data.cache_dir or None))
     eval_obj = setup.objective_config(eval_config, eval_tok)
     if eval_obj.vocab_size != s.obj.vocab_size:
       raise ValueError(f"eval_config's vocabulary ({eval_obj.vocab_size} ids) is not the "

@@ -8,6 +8,12 @@ comparison):
   bash run.sh python -m encoder_jax.main --mode=pretrain --workdir=/tmp/demo_run \
       --config=configs/pretrain.py:runlocal
 Arguments after ':' are comma-separated key=value pairs (`runlocal` alone means runlocal=True):
+  recipe     bert | roberta: whose pre-training the other settings follow      (default bert)
+             bert: BERT's (the settings below); roberta: RoBERTa's (Liu et al. 2019, arXiv
+             1907.11692, Appendix Table 9): byte-level BPE, FULL-SENTENCES without NSP,
+             dynamic masking, batch 8K x 512, 500k steps, Adam b2 0.98; see `roberta` below
+             for every value and what to pass for the released tokenizer. size picks base's
+             or large's learning rate and warm-up.
   size       tiny | mini | small | medium | base | large | electra-small    (default tiny)
   objective  mlm | electra | electra_15 | replace_mlm | all_tokens_mlm       (default mlm)
   nsp        none | nsp | sop: the sentence-pair task (needs a pair format)  (default none)
@@ -68,6 +74,10 @@ from encoder_jax.objectives.pretraining import OBJECTIVES, SENTENCE_TASKS
 
 # (hidden_dropout, attention_dropout) of each `dropout` preset (see the module docstring).
 DROPOUTS = {"bert": (0.1, 0.1), "no_attention": (0.1, 0.0), "none": (0.0, 0.0)}
+RECIPES = ("bert", "roberta")
+# RoBERTa's vocabulary size: the released byte-level BPE (vocab.json + merges.txt) has 50,265
+# entries, the "50K subword units" of Section 4.
+ROBERTA_VOCAB_SIZE = 50_265
 
 
 def _choice(name: str, value: str, choices) -> str:
@@ -104,7 +114,8 @@ def model_config(size: str, norm: str) -> ml_collections.ConfigDict:
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   args = parse_arg(arg, flags=("runlocal",), size="tiny", objective="mlm", nsp="none", format="",
                    norm="", dropout="", runlocal="False", precision="",
-                   phase="1")
+                   phase="1", recipe="bert")
+  recipe = _choice("recipe", args["recipe"], RECIPES)
   # pre-LN and no dropout are part of the demo recipe (runlocal); BERT's settings otherwise.
   args["norm"] = args["norm"] or ("pre" if args["runlocal"] == "True" else "post")
   args["dropout"] = args["dropout"] or ("none" if args["runlocal"] == "True" else "bert")
@@ -150,7 +161,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # files:books/*.txt@0.25), NSP negatives drawn within each source
       source="demo",
       # minilm (BERT uncased, 30,522 ids) | demo[:<size>] (WordPiece trained on the demo corpus,
-      # cached; 8,192 by default) | a path to a vocab.txt
+      # cached; 8,192 by default) | demo-bpe[:<size>] (byte-level BPE, likewise) | a path to a
+      # vocab.txt (WordPiece), to a vocab.json with merges.txt beside it (byte-level BPE, e.g.
+      # RoBERTa's), or to a folder holding either
       vocab="minilm",
       format=fmt,
       max_length=128,
@@ -219,6 +232,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       profile_num_steps=3,
   ))
 
+  if recipe == "roberta":
+    roberta(config, args)
   if args["runlocal"] == "True":
     runlocal(config)
   elif args["runlocal"] != "False":
@@ -228,6 +243,45 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config.train.steps = 100_000
     config.optim.warmup_steps = 1_000
   return config
+
+
+def roberta(config: ml_collections.ConfigDict, args: dict[str, str]) -> None:
+  """RoBERTa's pre-training recipe (Liu et al. 2019, arXiv 1907.11692): Appendix Table 9
+  ("Hyperparameters for pretraining RoBERTa-LARGE and RoBERTa-BASE") unless said otherwise.
+
+    * tokenizer: byte-level BPE of 50K subword units (Section 4.4), cased. data.vocab defaults
+      to `demo-bpe:50265`, a BPE of the released vocabulary's size trained on the demo corpus.
+      For the released RoBERTa tokenizer (50,265 entries) pass the folder holding its two
+      files, --config.data.vocab=/path/to/roberta-base (vocab.json + merges.txt; the path of
+      that vocab.json works too); for your own corpus train one with
+      `python -m encoder_jax.data.train_vocab --kind=bpe --vocab_size=50265 --input=...
+      --out=<folder>`. Rows are `<s> A </s></s> B </s>` with no token types.
+    * FULL-SENTENCES rows (Section 4.2, Table 2), no NSP; data.pack on (packing the short rows
+      at document and corpus ends).
+    * dynamic masking (Section 4.1) at BERT's rates: 15% of the tokens, 80/10/10 (Section 2.3).
+    * batch 8K sequences of 512 tokens, 500k steps (Table 9; Section 5).
+    * Adam b1 0.9, b2 0.98, eps 1e-6, weight decay 0.01; peak learning rate 6e-4 with 24k
+      warm-up steps (base), 4e-4 with 30k (large, size=large), linear decay to 0.
+    * dropout 0.1 on hidden states and attention probabilities (the `bert` dropout preset).
+    * no gradient clipping (Table 9's 0.0; fairseq's RoBERTa config has clip_norm 0).
+  """
+  if args["runlocal"] == "True":
+    raise ValueError("recipe=roberta and runlocal are two recipes; choose one.")
+  if config.phase != 1:
+    raise ValueError("phase=2 is BERT's second phase; RoBERTa trains on rows of 512 "
+                     "throughout (recipe=roberta, phase=1).")
+  if config.objective.objective != "mlm" or config.objective.sentence_task != "none":
+    raise ValueError("recipe=roberta trains MLM without a sentence task; drop objective=/nsp= "
+                     "or use recipe=bert.")
+  large = config.size == "large"
+  config.data.update(dict(vocab=f"demo-bpe:{ROBERTA_VOCAB_SIZE}", max_length=512,
+                          batch_size=8192, pack=True))
+  config.objective.update(dict(mask_rate=0.15, masking="dynamic", whole_word=False))
+  config.optim.update(dict(learning_rate=4e-4 if large else 6e-4, b1=0.9, b2=0.98, eps=1e-6,
+                           weight_decay=0.01, schedule="linear",
+                           warmup_steps=30_000 if large else 24_000, end_lr_frac=0.0,
+                           clip_grad_norm=0.0))
+  config.train.steps = 500_000
 
 
 def runlocal(config: ml_collections.ConfigDict) -> None:

@@ -65,13 +65,13 @@ def demo(cache_dir: str | None) -> None:
 
   from encoder_jax.convert import load_hf_bert
   from encoder_jax.data.fetch import minilm_dir
-  from encoder_jax.data.tokenizer import WordPieceTokenizer
+  from encoder_jax.data import tokenizer
   from encoder_jax.model import pool
 
   t0 = time.time()
   ckpt = minilm_dir(cache_dir)
   model = load_hf_bert(ckpt)
-  tok = WordPieceTokenizer.from_vocab(ckpt / "vocab.txt")
+  tok = tokenizer.load(ckpt)
   batch = tok.batch_encode_pairs(DEMO_SENTENCES, max_length=32)
   embed = nnx.jit(lambda m, x, msk: pool(m(x, msk)[0].hidden_BxTxD, msk, "mean",
                                          normalize=True))

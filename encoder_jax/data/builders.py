@@ -7,7 +7,8 @@ text -> token ids that the pre-training shards (shards.py) are built from.
 
   prepare_task("rotten_tomatoes")                            # builds once, then reuses
   tfds.data_source("rotten_tomatoes", data_dir=default_data_dir())
-  resolve_vocab("minilm" | "demo" | "demo:4096" | "path/to/vocab.txt")
+  resolve_vocab("minilm" | "demo[:4096]" | "demo-bpe[:4096]" | "vocab.txt" | "bpe/vocab.json"
+                | "a folder holding either")
   source_key("files:texts/*.txt", data_dir=...)   # what names a source's text (file hashes)
   tokenize_documents(docs, tok)                   # documents -> (doc_id, {ids, word_starts,
                                                   #   sentence_lengths}) in large batches
@@ -56,23 +57,40 @@ def default_data_dir(cache_dir=None) -> str:
 
 
 DEMO_VOCAB_SIZE = 8192
+# A byte-level BPE holds its 256 byte symbols and 5 specials before any merge.
+MIN_BPE_SIZE = 256 + len(tokenizer.BPE_SPECIAL_TOKENS)
 
 
 def resolve_vocab(vocab: str, cache_dir=None) -> str:
-  """'minilm' (BERT uncased, 30,522), 'demo' / 'demo:<size>' (a WordPiece vocab trained on the
-  demo corpus, see `demo_vocab`) or a path to a vocab.txt."""
+  """data.vocab -> the vocabulary file every tokenizer user loads (`tokenizer.load`):
+    minilm               BERT uncased WordPiece (30,522), fetched
+    demo[:<size>]        WordPiece trained on the demo corpus (`demo_vocab`; 8,192 by default)
+    demo-bpe[:<size>]    byte-level BPE trained on the demo corpus (`demo_bpe_vocab`; 8,192)
+    a vocab.txt          WordPiece (BERT's format)
+    a vocab.json         byte-level BPE, with merges.txt in the same folder (RoBERTa's files)
+    a folder             its vocab.json + merges.txt if it has them, else its vocab.txt
+  Paths may be local or gs://. Returns the file's path (vocab.txt or vocab.json)."""
   if vocab == "minilm":
     return str(fetch.minilm_vocab(cache_dir))
-  if vocab == "demo" or vocab.startswith("demo:"):
-    size = vocab.partition(":")[2] or str(DEMO_VOCAB_SIZE)
-    if not size.isdigit() or int(size) < 256:
-      raise ValueError(f"vocab {vocab!r}: the size after 'demo:' must be an integer >= 256 "
-                       f"(e.g. demo:{DEMO_VOCAB_SIZE}).")
-    return str(demo_vocab(int(size), cache_dir))
-  if not epath.Path(vocab).is_file():
-    raise FileNotFoundError(f"vocab {vocab!r} is neither 'minilm', 'demo[:<size>]' nor an "
-                            "existing vocab.txt (a local path or gs://...)")
-  return vocab
+  name, _, size = vocab.partition(":")
+  if name in ("demo", "demo-bpe"):
+    least = 256 if name == "demo" else MIN_BPE_SIZE
+    size = size or str(DEMO_VOCAB_SIZE)
+    if not size.isdigit() or int(size) < least:
+      raise ValueError(f"vocab {vocab!r}: the size after '{name}:' must be an integer >= "
+                       f"{least} (e.g. {name}:{DEMO_VOCAB_SIZE}).")
+    return str(demo_vocab(int(size), cache_dir) if name == "demo"
+               else demo_bpe_vocab(int(size), cache_dir))
+  path = tokenizer.vocab_file(vocab)
+  if not path.is_file():
+    raise FileNotFoundError(f"vocab {vocab!r} is neither 'minilm', 'demo[:<size>]', "
+                            "'demo-bpe[:<size>]' nor an existing vocab.txt, vocab.json or "
+                            "folder holding one (a local path or gs://...)")
+  if tokenizer.is_bpe(path) and not (path.parent / tokenizer.BPE_MERGES).is_file():
+    raise FileNotFoundError(f"vocab {vocab!r}: a byte-level BPE vocab.json needs "
+                            f"{tokenizer.BPE_MERGES} in the same folder "
+                            f"({path.parent / tokenizer.BPE_MERGES} does not exist)")
+  return str(path)
 
 
 # The demo vocab, committed: HF tokenizers' WordPiece trainer (0.23.3) is not deterministic.
@@ -116,6 +134,30 @@ def demo_vocab(size: int = DEMO_VOCAB_SIZE, cache_dir=None) -> pathlib.Path:
       logging.info("training the demo vocab (%d WordPiece tokens) into %s", size, path)
       docs = [d.text for d in sources.demo_documents(cache_dir, split="train")]
       tokenizer.train_vocab(docs, size, path)  # writes a temporary file, then renames
+  return path
+
+
+def demo_bpe_vocab(size: int = DEMO_VOCAB_SIZE, cache_dir=None) -> pathlib.Path:
+  """vocab.json (merges.txt beside it) of a byte-level BPE of `size` tokens trained on the
+  demo corpus's train documents, once per cache (~10 s) under a file lock.
+
+  Not committed, unlike the WordPiece demo vocab: the BPE trainer is deterministic
+  (`tokenizer.train_bpe`; tests/data/test_bpe.py trains twice and compares the files), so
+  every cache trains the same files. The folder's name carries the tokenizers version, since
+  another version may merge differently; the corpus cache is keyed by the files' hash anyway.
+  """
+  import tokenizers as hf_tokenizers  # pylint: disable=g-import-not-at-top
+  folder = (fetch.cache_root(cache_dir) / "vocab" /
+            f"demo-bpe-{size}-tokenizers{hf_tokenizers.__version__}")
+  path = folder / "vocab.json"
+  if path.exists():  # (written last: the folder is complete)
+    return path
+  folder.parent.mkdir(parents=True, exist_ok=True)
+  with filelock.FileLock(str(folder) + ".lock"):
+    if not path.exists():
+      logging.info("training the demo byte-level BPE (%d tokens) into %s", size, folder)
+      docs = [d.text for d in sources.demo_documents(cache_dir, split="train")]
+      tokenizer.train_bpe(docs, size, folder)
   return path
 
 
@@ -187,14 +229,20 @@ def source_key(source: str, *, data_dir: str, blank_line_docs: bool = False,
 
 
 def tokenize_documents(docs: Iterable[sources.Document],
-                       tok: tokenizer.WordPieceTokenizer) -> Iterator[tuple[str, dict]]:
+                       tok: tokenizer.SubwordTokenizer) -> Iterator[tuple[str, dict]]:
   """Tokenizes documents in large batches; yields (doc_id, record), skipping (with a warning)
-  documents without a token."""
+  documents without a token.
+
+  Sentence by sentence, each after the first as it stands in the running text
+  (`tok.continuing`: a byte-level BPE's `Ġ` before its first word). The first token of every
+  sentence starts a word: a WordPiece sentence never begins with a `##` piece, and a BPE
+  document's first word has no space before it to carry the `Ġ` that marks the others."""
 
   def flush(batch):
-    sents = [s for d in batch for s in d.sentences]
+    sents = [s if j == 0 else tok.continuing(s) for d in batch for j, s in enumerate(d.sentences)]
     ids_N, lengths_S = tok.encode_batch_np(sents)
     starts_N = tok.word_starts(ids_N)
+    starts_N[(np.cumsum(lengths_S) - lengths_S)[lengths_S > 0]] = True
     tok_off = sent_off = 0
     for d in batch:
       lengths = lengths_S[sent_off:sent_off + len(d.sentences)]

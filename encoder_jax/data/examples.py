@@ -4,14 +4,15 @@ A *plan* says which token spans of the corpus make each row; it is pure numpy, c
 from a seed (identically on every host), and a row is only materialized when the loader asks
 for it. Formats (RoBERTa, arXiv 1907.11692, Table 2; BERT's create_pretraining_data.py):
 
-  segment_pair   BERT's original: per document, fill a target length (max_length - 3, or with
-                 probability short_seq_prob a random one in [2, max_length - 3]) with whole
-                 sentences, cut them at a random sentence boundary into A and B; with NSP, 50%
-                 of the time B is instead a run of sentences from another document (label 1;
-                 the unused sentences go back to the stream). Longest-first truncation, each
-                 removed token from the front or the back with equal chance. One departure:
-                 a one-sentence chunk is cut inside the sentence instead of forcing a random B,
-                 which keeps the labels at 50% (BERT's rule gives ~55% random here).
+  segment_pair   BERT's original: per document, fill a target length (max_length - 3, 4 in
+                 RoBERTa's layout, or with probability short_seq_prob a random one in [2, that
+                 number]) with whole sentences, cut them at a random sentence boundary into
+                 A and B; with NSP, 50% of the time B is instead a run of sentences from
+                 another document (label 1; the unused sentences go back to the stream).
+                 Longest-first truncation, each removed token from the front or the back with
+                 equal chance. One departure: a one-sentence chunk is cut inside the sentence
+                 instead of forcing a random B, which keeps the labels at 50% (BERT's rule
+                 gives ~55% random here).
   sentence_pair  two natural sentences: consecutive ones (label 0) or the second replaced by a
                  sentence of another document (label 1). Rows are short: pack them or use a
                  bigger batch (RoBERTa did the latter).
@@ -28,12 +29,29 @@ for it. Formats (RoBERTa, arXiv 1907.11692, Table 2; BERT's create_pretraining_d
 
 Sentences longer than a row are cut into row-sized pieces (full/doc_sentences) or truncated
 (pair formats, as BERT), never a crash. Row layout: see `Rows`.
+
+Where the specials go is the tokenizer's `layout` (LAYOUTS), the same in every format:
+  bert      [CLS] A [SEP] B [SEP]      token types 0 on [CLS] A [SEP], 1 on B [SEP]
+  roberta   <s> A </s></s> B </s>      token types all 0 (RoBERTa has no segment embedding)
+A single segment is [CLS] A [SEP] / <s> A </s>; full_sentences' document separator is one
+[SEP] / </s>. Below, [CLS] and [SEP] stand for either kind's tokens.
 """
 import dataclasses
 
 import numpy as np
 
 FORMATS = ("segment_pair", "sentence_pair", "full_sentences", "doc_sentences")
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """Where a pair row's specials go (see the module docstring)."""
+  pair_seps: int  # separators between A and B: BERT's one [SEP], RoBERTa's </s></s>
+  typed: bool     # token type 1 on B and its [SEP] (BERT); all 0 otherwise
+
+
+LAYOUTS = {"bert": Layout(pair_seps=1, typed=True), "roberta": Layout(pair_seps=2, typed=False)}
+
 # Documents per row shard (data/shards.py). Rows are planned per shard, so NSP / SOP negatives
 # and cross-document rows come from the same shard's documents.
 DOCS_PER_SHARD = 1024
@@ -187,13 +205,18 @@ def _truncate_pair(a, b, max_tokens, rng):
   return (a0 + front_a, a1 - (cut_a - front_a)), (b0 + front_b, b1 - (cut_b - front_b))
 
 
-def _add_pair(out: "_Builder", a, b, label, cfg: "ExampleConfig", rng):
+def _pair_budget(cfg: "ExampleConfig", layout: Layout) -> int:
+  """Corpus tokens a pair row holds: max_length less [CLS], the separators, the final [SEP]."""
+  return cfg.max_length - 2 - layout.pair_seps
+
+
+def _add_pair(out: "_Builder", a, b, label, cfg: "ExampleConfig", layout: Layout, rng):
   """A two-segment example: with SOP, A and B swapped half the time (label 1); truncated."""
   if cfg.sop:
     label = int(rng.random() < 0.5)
     if label:
       a, b = b, a
-  a, b = _truncate_pair(a, b, cfg.max_length - 3, rng)
+  a, b = _truncate_pair(a, b, _pair_budget(cfg, layout), rng)
   out.add([(a[0], a[1], 0, False), (b[0], b[1], 1, False)], label)
 
 
@@ -202,8 +225,8 @@ def _other_doc(rng, d, n_docs):
   return o + (o >= d)
 
 
-def _segment_pairs(c: Corpus, cfg: ExampleConfig, rng, out: _Builder):
-  max_tokens = cfg.max_length - 3
+def _segment_pairs(c: Corpus, cfg: ExampleConfig, layout: Layout, rng, out: _Builder):
+  max_tokens = _pair_budget(cfg, layout)
   starts = c.doc_sent_start_D1
   for d in range(c.num_docs):
     first, stop = int(starts[d]), int(starts[d + 1])
@@ -245,12 +268,12 @@ def _segment_pairs(c: Corpus, cfg: ExampleConfig, rng, out: _Builder):
         else:
           b = _run(c, chunk_first + a_n, chunk_n - a_n)
           label = 0 if cfg.nsp else -1
-        _add_pair(out, a, b, label, cfg, rng)
+        _add_pair(out, a, b, label, cfg, layout, rng)
         chunk_first, chunk_n, chunk_len = i + 1, 0, 0
       i += 1
 
 
-def _sentence_pairs(c: Corpus, cfg: ExampleConfig, rng, out: _Builder):
+def _sentence_pairs(c: Corpus, cfg: ExampleConfig, layout: Layout, rng, out: _Builder):
   starts = c.doc_sent_start_D1
   for d in range(c.num_docs):
     first, stop = int(starts[d]), int(starts[d + 1])
@@ -264,7 +287,7 @@ def _sentence_pairs(c: Corpus, cfg: ExampleConfig, rng, out: _Builder):
         b, label = _run(c, i + 1, 1), (0 if cfg.nsp else -1)
       else:
         continue  # the last odd sentence has no partner; keeping it would bias the labels
-      _add_pair(out, a, b, label, cfg, rng)
+      _add_pair(out, a, b, label, cfg, layout, rng)
 
 
 def _contiguous(c: Corpus, cfg: ExampleConfig, out: _Builder, cross_docs: bool):
@@ -295,10 +318,10 @@ def _contiguous(c: Corpus, cfg: ExampleConfig, out: _Builder, cross_docs: bool):
   close()
 
 
-def _example_lengths(piece_ptr_E1, start_P, end_P, seg_P, sep_before_P):
+def _example_lengths(piece_ptr_E1, start_P, end_P, seg_P, sep_before_P, layout: Layout):
   tokens_E = np.add.reduceat(end_P - start_P + sep_before_P, piece_ptr_E1[:-1])
   has_b_E = np.maximum.reduceat(seg_P, piece_ptr_E1[:-1])
-  return tokens_E + 2 + has_b_E  # [CLS] + final [SEP] of A (+ [SEP] of B)
+  return tokens_E + 2 + layout.pair_seps * has_b_E  # [CLS] + final [SEP] (+ separators)
 
 
 def _pack(len_E: np.ndarray, max_length: int) -> list[list[int]]:
@@ -328,9 +351,11 @@ def _pack(len_E: np.ndarray, max_length: int) -> list[list[int]]:
   return rows
 
 
-def make_plan(c: Corpus, cfg: ExampleConfig) -> Plan:
-  """The rows of one pass over the corpus (dupe_factor passes, each with its own draws)."""
+def make_plan(c: Corpus, cfg: ExampleConfig, layout: str = "bert") -> Plan:
+  """The rows of one pass over the corpus (dupe_factor passes, each with its own draws), for
+  the tokenizer's `layout` (a pair's separators count against max_length)."""
   cfg.validate()
+  lay = _layout(layout)
   if (cfg.nsp and c.num_docs < 2):
     raise ValueError(f"NSP needs at least 2 documents for random next segments; the corpus has "
                      f"{c.num_docs}")
@@ -338,9 +363,9 @@ def make_plan(c: Corpus, cfg: ExampleConfig) -> Plan:
   for k in range(cfg.dupe_factor):
     rng = np.random.default_rng([cfg.seed, k])
     if cfg.format == "segment_pair":
-      _segment_pairs(c, cfg, rng, out)
+      _segment_pairs(c, cfg, lay, rng, out)
     elif cfg.format == "sentence_pair":
-      _sentence_pairs(c, cfg, rng, out)
+      _sentence_pairs(c, cfg, lay, rng, out)
     else:
       _contiguous(c, cfg, out, cross_docs=cfg.format == "full_sentences")
   if len(out.label) == 0:
@@ -349,7 +374,7 @@ def make_plan(c: Corpus, cfg: ExampleConfig) -> Plan:
   start_P, end_P = np.array(out.start, np.int64), np.array(out.end, np.int64)
   seg_P, sep_P = np.array(out.seg, np.int64), np.array(out.sep_before, np.int64)
   ptr_E1 = np.array(out.ptr, np.int64)
-  len_E = _example_lengths(ptr_E1, start_P, end_P, seg_P, sep_P)
+  len_E = _example_lengths(ptr_E1, start_P, end_P, seg_P, sep_P, lay)
   assert (len_E <= cfg.max_length).all(), "a planned example exceeds max_length"
   if cfg.pack:
     rows = _pack(len_E, cfg.max_length)
@@ -367,6 +392,13 @@ def make_plan(c: Corpus, cfg: ExampleConfig) -> Plan:
   return Plan(start_P, end_P, seg_P, sep_P.astype(bool), ptr_E1, labels, len_E, ex_ptr)
 
 
+def _layout(name: str) -> Layout:
+  if name not in LAYOUTS:
+    raise ValueError(f"layout={name!r}; expected one of {sorted(LAYOUTS)} (a tokenizer's "
+                     "`layout`)")
+  return LAYOUTS[name]
+
+
 def empty_row(T: int, pad_id: int) -> dict[str, np.ndarray]:
   """An all-padding row of the layout `Rows` documents (without nsp_label)."""
   return {"input_ids": np.full(T, pad_id, np.int32), "mask": np.zeros(T, bool),
@@ -378,9 +410,11 @@ class Rows:
   """Random-access rows of a plan (a grain data source: __len__ and __getitem__).
 
   Each row is a dict of numpy arrays of length T = max_length:
-    input_ids    int32  [CLS] A [SEP] (B [SEP]) per example, pad_id after
+    input_ids    int32  [CLS] A [SEP] (B [SEP]) per example (<s> A </s>(</s> B </s>) with
+                        layout="roberta"), pad_id after
     mask         bool   True on real tokens
     token_types  int32  0 on [CLS], A and its [SEP]; 1 on B and its [SEP]; 0 on pads
+                        (layout="roberta": 0 everywhere)
     segment_ids  int32  1..k for the k examples packed in the row, 0 on pads (k = 1 unpacked)
     positions    int32  0, 1, ... restarting at each packed example; 0 on pads
     word_starts  bool   True where a corpus token begins a word; False on specials and pads
@@ -388,9 +422,10 @@ class Rows:
   """
 
   def __init__(self, corpus: Corpus, plan: Plan, cfg: ExampleConfig, cls_id: int, sep_id: int,
-               pad_id: int):
+               pad_id: int, layout: str = "bert"):
     self.corpus, self.plan, self.cfg = corpus, plan, cfg
     self.cls_id, self.sep_id, self.pad_id = cls_id, sep_id, pad_id
+    self.layout = _layout(layout)
     self.with_label = cfg.nsp or cfg.sop
 
   def __len__(self) -> int:
@@ -399,20 +434,22 @@ class Rows:
   def _example(self, e):
     """Token ids, types and word starts of example e with its specials."""
     p, c = self.plan, self.corpus
+    typed, n_seps = self.layout.typed, self.layout.pair_seps
     ids, types, starts = [[self.cls_id]], [[0]], [[False]]
     cur_seg = 0
     for q in range(p.piece_ptr_E1[e], p.piece_ptr_E1[e + 1]):
       seg = int(p.seg_P[q])
-      if seg != cur_seg:  # closing [SEP] of A
-        ids.append([self.sep_id]), types.append([cur_seg]), starts.append([False])
+      if seg != cur_seg:  # closing [SEP] of A (RoBERTa: </s></s>)
+        ids.append([self.sep_id] * n_seps), types.append([cur_seg * typed] * n_seps)
+        starts.append([False] * n_seps)
         cur_seg = seg
       if p.sep_before_P[q]:  # document separator (full_sentences)
-        ids.append([self.sep_id]), types.append([seg]), starts.append([False])
+        ids.append([self.sep_id]), types.append([seg * typed]), starts.append([False])
       s, t = p.start_P[q], p.end_P[q]
       ids.append(c.ids_N[s:t])
-      types.append(np.full(t - s, seg))
+      types.append(np.full(t - s, seg * typed))
       starts.append(c.word_starts_N[s:t])
-    ids.append([self.sep_id]), types.append([cur_seg]), starts.append([False])
+    ids.append([self.sep_id]), types.append([cur_seg * typed]), starts.append([False])
     return np.concatenate(ids), np.concatenate(types), np.concatenate(starts)
 
   def __getitem__(self, r: int) -> dict[str, np.ndarray]:

@@ -188,7 +188,7 @@ def pretrain_loader(source: str = "demo", vocab: str = "minilm", split: str = "t
   if process_index is None or process_count is None:
     import jax  # pylint: disable=g-import-not-at-top
     process_index, process_count = jax.process_index(), jax.process_count()
-  tok = tokenizer.WordPieceTokenizer.load(builders.resolve_vocab(vocab, cache_dir))
+  tok = tokenizer.load(builders.resolve_vocab(vocab, cache_dir))
   parts = shards.prepare_shards(source, vocab, example, data_dir, cache_dir,
                                 workers=build_workers, docs_per_shard=shard_docs,
                                 source_data_dir=source_data_dir)

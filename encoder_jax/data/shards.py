@@ -65,7 +65,7 @@ import filelock
 import numpy as np
 
 from encoder_jax import paths
-from encoder_jax.data import builders, examples, fetch, sources, tokenizer
+from encoder_jax.data import builders, examples, sources, tokenizer
 
 BUILD_VERSION = 1  # bump when sentence splitting, tokenization or the record layout changes
 INDEX = "index.json"
@@ -261,7 +261,7 @@ def build_shard(task: _ShardTask) -> dict:
   Returns counts, the seconds it took and the CPU seconds it used (for tokens/s per worker)."""
   from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
   start, cpu_start = time.perf_counter(), time.process_time()
-  tok = tokenizer.WordPieceTokenizer.load(task.vocab_path, lowercase=task.lowercase)
+  tok = tokenizer.load(task.vocab_path, lowercase=task.lowercase)
   cached = _load_tokens(task.tokens) if task.tokens else None
   if cached is None:
     docs, empty = [], 0
@@ -288,12 +288,12 @@ def build_shard(task: _ShardTask) -> dict:
       cfg = dataclasses.replace(task.example, seed=shard_seed(task.example.seed, task.split,
                                                               task.shard))
       try:
-        plan = examples.make_plan(corpus, cfg)
+        plan = examples.make_plan(corpus, cfg, tok.layout)
       except ValueError as e:  # (the config was validated up front: too few / short documents)
         logging.warning("%s: no rows from %d documents: %s", task.path, len(records), e)
         plan = None
       if plan is not None:
-        rows = examples.Rows(corpus, plan, cfg, tok.cls_id, tok.sep_id, tok.pad_id)
+        rows = examples.Rows(corpus, plan, cfg, tok.cls_id, tok.sep_id, tok.pad_id, tok.layout)
         for r in range(len(rows)):
           writer.write(encode_row(rows[r]))
         counts["rows"] = len(rows)
@@ -312,7 +312,7 @@ def _source_dir(part: str, vocab_path: str, example: examples.ExampleConfig, roo
   key = {"version": BUILD_VERSION, "source": part,
          "content": builders.source_key(part, data_dir=root, blank_line_docs=opts.blank_line_docs,
                                         source_data_dir=opts.source_data_dir),
-         "vocab_sha256": fetch.sha256_of(vocab_path), "lowercase": lowercase,
+         "vocab_sha256": tokenizer.vocab_digest(vocab_path), "lowercase": lowercase,
          "example": dataclasses.asdict(example), "docs_per_shard": docs_per_shard}
   digest = lambda d: hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
   name = builders.slug(part)
@@ -428,7 +428,7 @@ def build_source(part: str, vocab_path: str, example: examples.ExampleConfig, ou
     per_worker[d["pid"]].update(tokens=d["tokens"], seconds=d["seconds"],
                                 cpu_seconds=d["cpu_seconds"], shards=1)
   tokens = sum(s["tokens"] for s in splits.values())
-  tok = tokenizer.WordPieceTokenizer.load(vocab_path, lowercase=lowercase)
+  tok = tokenizer.load(vocab_path, lowercase=lowercase)
   index = {**key, "max_length": example.max_length, "pad_id": tok.pad_id, "token_dir": token_dir,
            "with_label": example.nsp or example.sop, "splits": splits,
            "read_stats": dataclasses.asdict(stats),

@@ -53,15 +53,15 @@ def _random_config(config) -> tuple[ModelConfig, str | None]:
 def _tokenizer(config, bb: backbone_lib.Backbone):
   from encoder_jax.data.builders import resolve_vocab
   from encoder_jax.data.fetch import minilm_vocab
-  from encoder_jax.data.tokenizer import WordPieceTokenizer
+  from encoder_jax.data import tokenizer
   vocab = config.vocab or bb.vocab  # the flag, else what the pre-training run used
   if vocab:
     path = resolve_vocab(vocab, config.cache_dir or None)
   elif bb.source.startswith("hf:"):
-    path = epath.Path(bb.source[3:]) / "vocab.txt"
+    path = epath.Path(bb.source[3:])  # its vocab.json + merges.txt, or its vocab.txt
   else:
     path = minilm_vocab(config.cache_dir or None)
-  tok = WordPieceTokenizer.from_vocab(path, lowercase=config.lowercase)
+  tok = tokenizer.load(path, lowercase=config.lowercase)
   if tok.vocab_size > bb.cfg.vocab_size:
     raise ValueError(f"vocab {path} has {tok.vocab_size} tokens but the encoder's vocab_size is "
                      f"{bb.cfg.vocab_size}; pass the vocab it was trained with (--config.vocab).")

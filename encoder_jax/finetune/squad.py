@@ -1,12 +1,14 @@
 """SQuAD v1.1 / v2.0 for span QA: windows with a doc stride, span labels, answer extraction.
 
 Features (BERT's run_squad.py algorithm, numpy instead of per-token Python objects):
-  * the question is cut to `max_query_length` WordPieces;
-  * the context's WordPieces are cut into windows of at most
-    `max_length - len(question) - 3` tokens whose starts are `doc_stride` tokens apart (BERT's
-    meaning of doc_stride: the step between window starts, not HF's overlap), the last window
-    ending at the context's end;
-  * each window is `[CLS] question [SEP] window [SEP]` with token types 0 / 1;
+  * the question is cut to `max_query_length` tokens;
+  * the context's tokens are cut into windows of at most
+    `max_length - len(question) - 3` tokens (- 4 in RoBERTa's layout) whose starts are
+    `doc_stride` tokens apart (BERT's meaning of doc_stride: the step between window starts,
+    not HF's overlap), the last window ending at the context's end;
+  * each window is `[CLS] question [SEP] window [SEP]` with token types 0 / 1, or with a
+    byte-level BPE `<s> question </s></s> window </s>`, all types 0 (the tokenizer's layout,
+    data/examples.py LAYOUTS);
   * the label is the (start, end) token of the answer when the whole answer lies inside the
     window, else (0, 0): [CLS] stands for "no answer here" (v2.0 unanswerable questions, and
     windows that miss the answer).
@@ -25,9 +27,9 @@ import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
-import tokenizers
 
-from encoder_jax.data.tokenizer import WordPieceTokenizer
+from encoder_jax.data.examples import LAYOUTS
+from encoder_jax.data.tokenizer import SubwordTokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,13 +54,6 @@ class SquadFeatures:
   max_context_FxT: np.ndarray  # bool
 
 
-def _plain_tokenizer(tok: WordPieceTokenizer) -> tokenizers.Tokenizer:
-  # A private copy of the BERT pipeline without specials, padding or truncation: offsets of
-  # each WordPiece into the original string come from HF tokenizers. (WordPieceTokenizer has no
-  # public accessor for its tokenizers.Tokenizer yet.)
-  return tokenizers.Tokenizer.from_str(tok._plain.to_str())  # pylint: disable=protected-access
-
-
 def _window_starts(n: int, max_doc: int, doc_stride: int) -> list[int]:
   starts, s = [], 0
   while True:
@@ -68,7 +63,7 @@ def _window_starts(n: int, max_doc: int, doc_stride: int) -> list[int]:
     s += min(max_doc, doc_stride)
 
 
-def build_features(examples: Sequence[SquadExample], tok: WordPieceTokenizer, *,
+def build_features(examples: Sequence[SquadExample], tok: SubwordTokenizer, *,
                    max_length: int = 384, doc_stride: int = 128,
                    max_query_length: int = 64) -> SquadFeatures:
   if max_length < max_query_length + 8:
@@ -77,7 +72,10 @@ def build_features(examples: Sequence[SquadExample], tok: WordPieceTokenizer, *,
                      "max_length or lower max_query_length.")
   if doc_stride < 1:
     raise ValueError(f"doc_stride={doc_stride} must be >= 1 (BERT uses 128).")
-  plain = _plain_tokenizer(tok)
+  # The pipeline without padding or truncation: the offsets of each token into the original
+  # string come from HF tokenizers.
+  plain = tok.hf_tokenizer()
+  layout = LAYOUTS[tok.layout]
   q_encs = plain.encode_batch([e.question for e in examples], add_special_tokens=False)
   c_encs = plain.encode_batch([e.context for e in examples], add_special_tokens=False)
   rows: dict[str, list] = {k: [] for k in ("ids", "types", "start", "end", "ex", "off", "maxc")}
@@ -85,7 +83,7 @@ def build_features(examples: Sequence[SquadExample], tok: WordPieceTokenizer, *,
     q_ids = q.ids[:max_query_length]
     c_ids = np.asarray(c.ids, np.int32)
     c_off = np.asarray(c.offsets, np.int32).reshape(-1, 2)
-    max_doc = max_length - len(q_ids) - 3
+    max_doc = max_length - len(q_ids) - 2 - layout.pair_seps
     answer = None
     if ex.answer_texts and ex.answer_starts:
       a_start = int(ex.answer_starts[0])
@@ -97,9 +95,9 @@ def build_features(examples: Sequence[SquadExample], tok: WordPieceTokenizer, *,
     starts = _window_starts(len(c_ids), max_doc, doc_stride)
     for s in starts:
       n = min(max_doc, len(c_ids) - s)
-      prefix = [tok.cls_id, *q_ids, tok.sep_id]
+      prefix = [tok.cls_id, *q_ids] + [tok.sep_id] * layout.pair_seps
       ids = prefix + c_ids[s:s + n].tolist() + [tok.sep_id]
-      types = [0] * len(prefix) + [1] * (n + 1)
+      types = [0] * len(prefix) + [int(layout.typed)] * (n + 1)
       off = np.full((len(ids), 2), -1, np.int32)
       off[len(prefix):len(prefix) + n] = c_off[s:s + n]
       maxc = np.zeros(len(ids), bool)

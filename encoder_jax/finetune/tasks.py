@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from encoder_jax.data.tokenizer import WordPieceTokenizer
+from encoder_jax.data.tokenizer import SubwordTokenizer
 from encoder_jax.finetune import metrics as metrics_lib
 from encoder_jax.finetune import squad as squad_lib
 
@@ -128,7 +128,7 @@ class Encoded:
     return len(self.arrays["input_ids"])
 
 
-def encode(spec: TaskSpec, records: list[dict[str, Any]], tok: WordPieceTokenizer, *,
+def encode(spec: TaskSpec, records: list[dict[str, Any]], tok: SubwordTokenizer, *,
            max_length: int, doc_stride: int = 128, max_query_length: int = 64) -> Encoded:
   if spec.kind in ("classify", "regress"):
     texts = [[_text(r[k]) for r in records] for k in spec.text_keys]

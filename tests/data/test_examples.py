@@ -92,7 +92,11 @@ def _check_row_layout(row, tok, n_segments_per_example, T):
     assert x[0] == tok.cls_id and (x[1:] != tok.cls_id).all() and x[-1] == tok.sep_id
     assert (pos[idx] == np.arange(len(idx))).all()
     seps = np.flatnonzero(x == tok.sep_id)
-    if n_segments_per_example == 2:
+    if tok.layout == "roberta":  # <s> A </s></s> B </s>, no token types
+      assert not t.any()
+      if n_segments_per_example == 2:
+        assert len(seps) == 3 and seps[1] == seps[0] + 1 and seps[0] > 1 and seps[2] > seps[1] + 1
+    elif n_segments_per_example == 2:
       assert len(seps) == 2 and not t[:seps[0] + 1].any() and t[seps[0] + 1:].all()
     else:
       assert not t.any()
@@ -123,6 +127,30 @@ def test_rows_layout(demo_corpus, bert_tok, fmt, kw, max_length):
     used = np.add.reduceat(plan.len_E, plan.ex_ptr_R1[:-1])
     print(f"\n{fmt} packed: {len(plan.len_E)} examples in {len(rows)} rows, "
           f"fill {used.sum() / (len(rows) * max_length):.3f}")
+
+
+@pytest.mark.parametrize("fmt,kw", [
+    ("segment_pair", {"nsp": True}), ("sentence_pair", {"sop": True}), ("full_sentences", {}),
+    ("doc_sentences", {"pack": True})])
+def test_roberta_rows_layout(bpe_demo_corpus, bpe_tok, fmt, kw):
+  """Byte-level BPE rows (the demo corpus tokenized by the demo BPE): `<s> A </s></s> B </s>`
+  and no token types in every format; the pair's extra separator is planned for, so the
+  longest examples fill the row exactly and none overflows it."""
+  c = bpe_demo_corpus
+  cfg = examples.ExampleConfig(format=fmt, max_length=T, **kw)
+  plan = examples.make_plan(c, cfg, bpe_tok.layout)
+  assert (plan.len_E <= T).all() and (fmt == "sentence_pair" or plan.len_E.max() == T)
+  rows = examples.Rows(c, plan, cfg, bpe_tok.cls_id, bpe_tok.sep_id, bpe_tok.pad_id,
+                       bpe_tok.layout)
+  pair = fmt.endswith("_pair")
+  for r in range(0, len(rows), max(1, len(rows) // 2000)):
+    row = rows[r]
+    _check_row_layout(row, bpe_tok, 2 if pair else 1, T)
+    n = int(row["mask"].sum())
+    assert n == plan.len_E[plan.ex_ptr_R1[r]:plan.ex_ptr_R1[r + 1]].sum()
+    assert not np.isin(row["input_ids"][row["word_starts"]], bpe_tok.special_ids).any()
+    if kw.get("nsp") or kw.get("sop"):
+      assert row["nsp_label"] == plan.label_E[r]
 
 
 def test_packed_attention_stays_inside_each_example(demo_corpus, bert_tok):

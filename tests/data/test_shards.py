@@ -98,6 +98,40 @@ def test_rows_are_the_shard_plans_rows(tmp_path, corpus_dir, tok):
       assert got[k].dtype == want[k].dtype and np.array_equal(got[k], want[k]), (r, k)
 
 
+@pytest.mark.parametrize("example", [NSP, examples.ExampleConfig(format="full_sentences",
+                                                                   max_length=32, pack=True)])
+def test_byte_level_bpe_rows_are_the_shard_plans_rows(tmp_path, corpus_dir, example):
+  """With a byte-level BPE vocab the shards hold RoBERTa's rows (`<s> A </s></s> B </s>`, no
+  token types): every shard's records decode to exactly examples.Rows of its documents planned
+  in that layout."""
+  bpe = tokenizer.load(builders.resolve_vocab("demo-bpe"))
+  source = f"files:{corpus_dir}/a/*.txt"
+  (folder, _), = shards.prepare_shards(source, "demo-bpe", example, tmp_path, workers=0,
+                                       docs_per_shard=16)
+  rows = shards.ShardedRows([(folder, 1.0)], "train")
+  docs = [sources.Document(i, sources.split_sentences(t))
+          for i, t in sources.local_texts(source[6:]) if sources.split_of(i) == "train"]
+  at = 0
+  for k, s in enumerate(shards.read_index(folder)["splits"]["train"]["shards"]):
+    corpus = examples.Corpus.from_records(
+        r for _, r in builders.tokenize_documents(docs[16 * k:16 * (k + 1)], bpe))
+    cfg = dataclasses.replace(example, seed=shards.shard_seed(example.seed, "train", k))
+    want = examples.Rows(corpus, examples.make_plan(corpus, cfg, "roberta"), cfg, bpe.cls_id,
+                         bpe.sep_id, bpe.pad_id, "roberta")
+    assert s["rows"] == len(want) > 0
+    for r in range(len(want)):
+      got = rows[at + r]
+      assert got.keys() == want[r].keys()
+      for key in got:
+        assert np.array_equal(got[key], want[r][key]), (k, r, key)
+    at += len(want)
+  assert at == len(rows)
+  seps = [int((rows[r]["input_ids"] == bpe.sep_id).sum()) for r in range(len(rows))]
+  assert not any(rows[r]["token_types"].any() for r in range(len(rows)))
+  if example.nsp:  # <s> A </s></s> B </s>
+    assert set(seps) == {3}
+
+
 def test_record_round_trip_packed_and_wide_ids(tok):
   """Packed rows (several segment ids, restarting positions) and ids past uint16 survive
   encode/decode unchanged."""

@@ -82,3 +82,30 @@ def test_examples_from_tfds_records():
            "answers": {"text": np.array([b"abc"]), "answer_start": np.array([0])}}]
   assert squad.examples_from_records(recs, "v2.0")[0].answer_texts == ()
   assert squad.examples_from_records(recs, "v1.1")[0].answer_texts == ("abc",)
+
+
+def test_byte_level_bpe_windows_use_robertas_layout_and_map_answers_back():
+  """With a byte-level BPE (the demo one): `<s> question </s></s> window </s>`, all token
+  types 0, one more special per window; answers come back as the context's text (offsets
+  without the space that `Ġ` carries)."""
+  from encoder_jax.data import builders, tokenizer  # pylint: disable=g-import-not-at-top
+  bpe = tokenizer.load(builders.resolve_vocab("demo-bpe"))
+  exs = [_example("the mat", "q1"), _example("far away", "q2")]
+  feats = squad.build_features(exs, bpe, max_length=20, doc_stride=3, max_query_length=8)
+  q = bpe.encode(QUESTION)
+  prefix = [bpe.cls_id, *q, bpe.sep_id, bpe.sep_id]
+  assert (feats.input_ids[:, :len(prefix)] == prefix).all() and not feats.token_types.any()
+  n_ctx = (feats.offsets_FxTx2[..., 0] >= 0).sum(axis=1)
+  assert n_ctx.max() == 20 - len(q) - 4  # <s> q </s></s> ... </s>
+  for f in range(len(n_ctx)):
+    last = len(prefix) + n_ctx[f]
+    assert feats.input_ids[f, last] == bpe.sep_id and (feats.input_ids[f, last + 1:] ==
+                                                        bpe.pad_id).all()
+  f, t = feats.input_ids.shape
+  start, end = np.zeros((f, t), np.float32), np.zeros((f, t), np.float32)
+  labelled = np.flatnonzero(feats.start_positions > 0)
+  assert set(feats.example_index[labelled]) == {0, 1}
+  for i in labelled:
+    start[i, feats.start_positions[i]] = end[i, feats.end_positions[i]] = 5.0
+  preds, _ = squad.extract_answers(exs, feats, start, end, max_answer_length=5, version="v1.1")
+  assert preds == {"q1": "the mat", "q2": "far away"}

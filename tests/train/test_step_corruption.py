@@ -273,3 +273,96 @@ def test_electra_samples_are_fresh_at_every_step():
   assert chosen.sum() > 10_000
   assert (a["disc_ids"][chosen] != b["disc_ids"][chosen]).mean() > 0.9
   np.testing.assert_array_equal(a["disc_ids"], again["disc_ids"])
+
+
+# ----------------------------------------------------------------- whole words, real tokenizers
+
+
+@functools.lru_cache(maxsize=None)
+def real_rows(vocab: str, n_rows: int = 256, T_rows: int = 64):
+  """(tokenizer, batch) of full_sentences rows of Moby-Dick built by the data path itself
+  (sentences -> ids and word starts -> plan -> rows in the tokenizer's layout)."""
+  from encoder_jax.data import builders, examples, sources, tokenizer
+  tok = tokenizer.load(builders.resolve_vocab(vocab))
+  docs = sources.demo_documents(split=None, parts=("moby_dick",))[:60]
+  corpus = examples.Corpus.from_records(r for _, r in builders.tokenize_documents(docs, tok))
+  cfg = examples.ExampleConfig(format="full_sentences", max_length=T_rows)
+  rows = examples.Rows(corpus, examples.make_plan(corpus, cfg, tok.layout), cfg, tok.cls_id,
+                       tok.sep_id, tok.pad_id, tok.layout)
+  assert len(rows) >= n_rows
+  batch = {k: np.stack([rows[r][k] for r in range(n_rows)]) for k in rows[0]}
+  return tok, batch
+
+
+def reference_words(tok, ids_BxT, maskable_BxT):
+  """Word index of every maskable token (-1 elsewhere) from the token strings alone: a word
+  starts at a token that does not continue one (WordPiece: no `##`; byte-level BPE: a leading
+  `Ġ`, the space before the word) or at the first token after a special."""
+  continues = (lambda t: t.startswith("##")) if tok.kind == "wordpiece" else (
+      lambda t: not t.startswith("Ġ"))
+  word_BxT = np.full(ids_BxT.shape, -1)
+  n = 0
+  for b in range(ids_BxT.shape[0]):
+    prev_maskable = False
+    for t in range(ids_BxT.shape[1]):
+      if maskable_BxT[b, t]:
+        if not (prev_maskable and continues(tok.id_to_token(ids_BxT[b, t]))):
+          n += 1
+        word_BxT[b, t] = n
+      prev_maskable = maskable_BxT[b, t]
+  return word_BxT
+
+
+@pytest.mark.parametrize("vocab", ["minilm", "demo-bpe"])
+def test_whole_word_step_masks_whole_words_only(vocab):
+  """objective.whole_word=True through the configured step, on rows of real text: every word
+  (by the tokenizer's own continuation marker) is chosen whole or not at all, and specials
+  never. The same batch without it does split words, so the check can see a split."""
+  tok, batch = real_rows(vocab)
+  V_tok = tok.vocab_size
+
+  class Probe:  # records what loss_and_metrics hands the model
+    def __init__(self):
+      self.seen = {}
+
+    def __call__(self, ids_BxT, *, mlm_positions_BxP, dropout_rng, mask_BxT, **ctx):
+      self.seen["positions"] = mlm_positions_BxP
+      return jnp.zeros(mlm_positions_BxP.shape + (V_tok,)), None, None
+
+  def chosen(whole_word, step):
+    config = pretrain.get_config("objective=mlm")
+    config.data.max_length = batch["input_ids"].shape[1]
+    config.objective.whole_word = whole_word
+    obj = setup.objective_config(config, tok)
+    assert obj.special_ids == tok.special_ids
+
+    @jax.jit
+    def run(batch, key):
+      probe = Probe()
+      pretraining.loss_and_metrics(probe, batch, key, obj, train=True)
+      return probe.seen["positions"]
+
+    pos_BxP = np.asarray(run(batch, step_lib.step_key(0, step)))
+    out = np.zeros(batch["input_ids"].shape, bool)
+    rows_BxP = np.broadcast_to(np.arange(len(pos_BxP))[:, None], pos_BxP.shape)
+    out[rows_BxP[pos_BxP > 0], pos_BxP[pos_BxP > 0]] = True  # position 0 is [CLS]: padding
+    return out
+
+  ids = batch["input_ids"]
+  maskable = batch["mask"] & ~np.isin(ids, tok.special_ids)
+  word = reference_words(tok, ids, maskable)
+  n_words = word.max()
+  size = np.bincount(word[word >= 0], minlength=n_words + 1)
+
+  def split_and_whole(c):
+    taken = np.bincount(word[c], minlength=n_words + 1)
+    partly = (taken > 0) & (taken < size)
+    return int(partly.sum()), int(((taken == size) & (size > 1)).sum())
+
+  for step in (0, 1):
+    c = chosen(True, step)
+    assert not (c & ~maskable).any()  # no special, no pad
+    split, multi = split_and_whole(c)
+    assert split == 0, f"{split} words partly masked"
+    assert multi > 30 and c.sum() > 0.1 * maskable.sum()  # multi-piece words were masked whole
+  assert split_and_whole(chosen(False, 0))[0] > 30
