@@ -47,7 +47,10 @@ import time
 from absl import app, flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("rows", "table", ["ci", "goal", "table", "all"], "ci: BERT-base MLM+NSP "
+flags.DEFINE_enum("rows", "table", ["ci", "goal", "table", "all", "smoke"], "smoke: a tiny "
+                  "BERT (2 x 128) at seq 64 on v5e-4, searched variants included with "
+                  "--extra=best: the whole command in seconds (the README's CPU check of it); "
+                  "ci: BERT-base MLM+NSP "
                   "and ELECTRA-base at seq 128 on v4-8 and v5e-16 (what .ci/run compiles); "
                   "goal: BERT-base s128 and BERT-large s512 on v5e-16; table (the committed "
                   "one, ~1 h on 2 cores): BERT/ELECTRA base/large x seq 128/512 on v5e-16, "
@@ -78,7 +81,7 @@ flags.DEFINE_bool("check", False, "Exit non-zero unless every compiled row is th
 CHIP_HBM_GIB = {"TPU v4": 32, "TPU v5 lite": 16, "TPU v5": 95, "TPU v6 lite": 32}
 TOPOLOGIES = {  # name in the table -> libtpu topology name
     "v4-8": "v4:2x2x1", "v4-32": "v4:2x2x4", "v5e-16": "v5e:4x4", "v5e-64": "v5e:8x8",
-    "v5p-8": "v5p:2x2x1",
+    "v5p-8": "v5p:2x2x1", "v5e-4": "v5e:2x2",
 }
 FIELDS = ("model", "seq", "topology", "variant", "mesh_arg", "mesh", "batch", "remat", "dropout",
           "attention", "program", "compile_s", "hbm_gib", "hbm_cap_gib", "fits", "xla_tflops",
@@ -104,6 +107,7 @@ class Row:
 
 # The issue's goal: BERT-base s128 and BERT-large s512 on v5e at >= 55% MFU.
 GOAL = (Row("bert-base", 128, "v5e-16"), Row("bert-large", 512, "v5e-16"))
+SMOKE = (Row("bert-tiny", 64, "v5e-4", batch=32),)
 
 
 # ELECTRA-large's unrolled twin (24 discriminator + 24 generator layers with dots remat) needs
@@ -120,6 +124,8 @@ def config_arg(model: str, seq: int) -> str:
 def rows(which: str, extra: str) -> list[Row]:
   if which == "ci":
     base = [Row(m, 128, t) for t in ("v4-8", "v5e-16") for m in ("bert-base", "electra-base")]
+  elif which == "smoke":
+    base = list(SMOKE)
   elif which == "goal":
     base = list(GOAL)
   elif which == "table":  # the goal rows first: a run cut short still has them
@@ -134,7 +140,7 @@ def rows(which: str, extra: str) -> list[Row]:
   out = []
   for r in base:
     out.append(r)
-    if extra != "best" or r not in GOAL:
+    if extra != "best" or r not in GOAL + SMOKE:
       continue
     # The launcher's 256 rows spread over a slice are few per chip; the searched variants
     # raise the per-chip batch (fixed global batch is a recipe choice, not the hardware's)

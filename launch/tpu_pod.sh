@@ -12,6 +12,9 @@
 # Data: pre-tokenized TFDS datasets are read from $BUCKET/tfds (build them once with
 # `python -m encoder_jax.data.build --data_dir=$BUCKET/tfds ...`); checkpoints, TensorBoard
 # and metrics go to $BUCKET/runs/<name>. Each host reads only its shard of every batch.
+# DRY_RUN=1 prints every gcloud command (one line, shell-quoted) instead of running it: what
+# the README's commands do, checkable on a machine without gcloud (tests/test_readmes.py runs
+# the printed training command on a CPU).
 set -euo pipefail
 : "${PROJECT:?set PROJECT}" "${ZONE:?set ZONE}" "${TPU:?set TPU (node name)}"
 ACCEL=${ACCEL:-v4-32}                      # v4-32 = 16 chips / 4 hosts; v5e: v5litepod-32
@@ -22,14 +25,19 @@ JAX_VERSION=${JAX_VERSION:-0.10.2}
 # The project needs Python >= 3.11; TPU VM base images ship 3.10. uv (pinned, installed with
 # the image's pip) fetches a standalone CPython 3.11 and builds the venv with it.
 UV_VERSION=${UV_VERSION:-0.13.8}
+gcloud_() {  # gcloud, or with DRY_RUN=1 the command it would run
+  if [ -n "${DRY_RUN:-}" ]; then printf 'gcloud'; printf ' %q' "$@"; printf '\n'
+  else gcloud "$@"; fi
+}
 ssh_all() {
-  gcloud compute tpus tpu-vm ssh "$TPU" --project="$PROJECT" --zone="$ZONE" --worker=all \
+  gcloud_ compute tpus tpu-vm ssh "$TPU" --project="$PROJECT" --zone="$ZONE" --worker=all \
     --command="$1"
 }
 case "${1:-}" in
   create)
-    gcloud compute tpus queued-resources create "$TPU-qr" --project="$PROJECT" --zone="$ZONE" \
+    gcloud_ compute tpus queued-resources create "$TPU-qr" --project="$PROJECT" --zone="$ZONE" \
       --node-id="$TPU" --accelerator-type="$ACCEL" --runtime-version="$RUNTIME"
+    [ -n "${DRY_RUN:-}" ] && exit 0
     until gcloud compute tpus queued-resources describe "$TPU-qr" --project="$PROJECT" \
         --zone="$ZONE" --format='value(state.state)' | grep -q ACTIVE; do
       echo "waiting for $TPU-qr to become ACTIVE..."; sleep 30
@@ -52,7 +60,7 @@ case "${1:-}" in
       --distributed=auto --config=configs/pretrain.py:$arg --workdir=$BUCKET/runs/$name \
       --config.data.data_dir=$BUCKET/tfds $* 2>&1 | tee -a train-$name.log" ;;
   delete)
-    gcloud compute tpus queued-resources delete "$TPU-qr" --project="$PROJECT" --zone="$ZONE" \
+    gcloud_ compute tpus queued-resources delete "$TPU-qr" --project="$PROJECT" --zone="$ZONE" \
       --force --quiet ;;
   *) sed -n 2,16p "$0"; exit 2 ;;
 esac
