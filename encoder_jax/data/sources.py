@@ -180,8 +180,9 @@ def resolve_files(patterns: Sequence[str]) -> tuple[list[str], str]:
                   for f in (paths.glob(p) or [os.fspath(paths.absolute(p))])})
   missing = [f for f in files if not epath.Path(f).is_file()]
   if missing:
-    raise FileNotFoundError(f"corpus source: no such file(s): {missing[:5]}; check the "
-                            "files:<glob> of data.source")
+    raise FileNotFoundError(f"corpus source: no such file(s): {missing[:5]}; check the glob "
+                            "of the source (data.source of a training config, --source of "
+                            "encoder_jax.data.build)")
   return files, paths.commonpath(files)
 
 

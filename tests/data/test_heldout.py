@@ -6,12 +6,11 @@ The split rule is recomputed here from its definition (sha256 of the document id
 else the smallest hashes) and the documents are tokenized here, sentence by sentence, so the
 rows are traced to documents without the build's own bookkeeping."""
 import hashlib
-import json
 
 import numpy as np
 import pytest
 
-from encoder_jax.data import examples, fetch, shard_build, shards, sources
+from encoder_jax.data import examples, shard_build, shards, sources
 
 EVERY = 50  # the hash split's 1 in 50
 
@@ -92,15 +91,10 @@ def test_demo_validation_rows_come_from_validation_documents(demo_shards, bert_t
   assert n > 300
 
 
-def _moby_chapters(n: int) -> list[str]:
-  folder = fetch.extract_artifact("moby_dick") / "package" / "data"
-  return [json.loads((folder / f"chapter_{i}.json").read_text())["text"] for i in range(1, n + 1)]
-
-
 @pytest.fixture(scope="module")
-def chapters(tmp_path_factory):
+def chapters(tmp_path_factory, moby_chapters):
   """A new user's text: Moby-Dick chapters, one file each, in folders of 6 and of 16."""
-  texts = _moby_chapters(16)
+  texts = moby_chapters
   folders = {}
   for n in (6, 16):
     folders[n] = tmp_path_factory.mktemp(f"own_text_{n}")
