@@ -380,7 +380,7 @@ def _build_stats(shares: list[dict], done: list[dict]) -> dict:
           "shards_from_token_cache": sum(d["from_token_cache"] for d in done),
           "tokens_per_s": tokens / max(seconds, 1e-9),
           "main_cpu_seconds": sum(s["build"]["main_cpu_seconds"] for s in shares),
-          "per_host": [{"host": s["host"], "shards": len(s["results"]),
+          "per_host": [{"host": s["host"], "pid": s["build"]["pid"], "shards": len(s["results"]),
                         "tokens": sum(d["tokens"] for d in s["results"]),
                         "seconds": s["build"]["seconds"]} for s in shares],
           "per_worker": [{"host": h, "tokens_per_s": w["tokens"] / max(w["seconds"], 1e-9),
