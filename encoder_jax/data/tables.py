@@ -3,10 +3,13 @@
   parquet:<glob>[,<glob>...][:<column>]    parquet files, local or gs://; one document per row,
                                            its text in <column> (default "text")
   hf:<path or name>[:<config>]:<split>[:<column>]
-                                           a `datasets` dataset: a local `save_to_disk` folder,
-                                           a local folder of data files (e.g. a parquet tree
+                                           a `datasets` dataset: a local `save_to_disk` folder
+                                           (of a DatasetDict: <split> picks one; of a single
+                                           Dataset: <split> only names it), a local folder of
+                                           data files (e.g. a parquet tree
                                            data/train-*.parquet), or a hub name (the hub is
-                                           the user's: this package never logs in)
+                                           the user's: this package never logs in; on a pod
+                                           every host loads it into its own HF cache)
 
 Document ids are stable, independent of where the data sits: `<file relative to the files'
 common folder>#<row in that file>` for parquet, `<name>[/<config>]/<split>/<row>` for hf (the
