@@ -32,6 +32,11 @@ INSTALL_REQUIRES = [
     # keep their checkpoints, and a missing gcsfs would only fail once the job has started.
     "fsspec==2026.9.0",
     "gcsfs==2026.10.1",
+    # Today's corpora as shard sources (encoder_jax/data/tables.py): parquet files read by row
+    # group (pyarrow), HF datasets (save_to_disk folders, parquet trees, hub names) through
+    # the `datasets` library.
+    "pyarrow==26.0.1",
+    "datasets==5.2.0",
 ]
 
 TEST_REQUIRES = [

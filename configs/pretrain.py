@@ -156,6 +156,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   config.data = ml_collections.ConfigDict(dict(
       # demo (SOTU + Moby-Dick + Brown) | demo:<part>[+<part>] (e.g. demo:moby_dick) |
       # files:<glob>[,<glob>][:<jsonl field>] (.txt, .jsonl, .gz; local or gs://) |
+      # parquet:<glob>[:<column>] (default column "text"; local or gs://) |
+      # hf:<path or name>[:<config>]:<split>[:<column>] (a `datasets` save_to_disk folder,
+      # a folder of data files, or a hub name) |
       # tfds:<name>[/<config>]:<text_field> | a weighted mixture
       # mix:<source>@<weight>+... (BERT: mix:tfds:wikipedia/20230601.en:text@0.75+
       # files:books/*.txt@0.25), NSP negatives drawn within each source
@@ -175,11 +178,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       source_data_dir="",  # tfds:<name> sources: their TFDS data_dir ("" = TFDS's default)
       cache_dir="",  # fetched artifacts ("" = $ENCODER_JAX_CACHE or ~/.cache/encoder_jax)
       worker_count=0,  # grain worker processes (0: threads only)
-      # Process 0 builds the rows once with build_workers processes into array_record shards
-      # of shard_docs documents (data/shards.py); every host reads its rows by index. NSP
-      # negatives come from the same shard.
+      # Every host builds its share of the rows once, with build_workers processes, into
+      # array_record shards of shard_docs documents (data/shards.py); every host reads its
+      # rows by index. NSP negatives come from the same shard. `python -m
+      # encoder_jax.data.build` builds the same shards ahead and prints these data.* flags.
       build_workers=2,
       shard_docs=DOCS_PER_SHARD,
+      # files: sources: every blank-line-separated block of a text file is a document (else
+      # one document per file). ~1 document in 50 is held out for validation.
+      blank_line_docs=False,
   ))
 
   config.objective = ml_collections.ConfigDict(dict(

@@ -26,6 +26,7 @@ import logging as py_logging
 import os
 import pathlib
 import re
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 
@@ -36,7 +37,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from encoder_jax import paths
-from encoder_jax.data import brown, fetch, rotten_tomatoes, sources, tokenizer
+from encoder_jax.data import brown, fetch, rotten_tomatoes, sources, tables, tokenizer
 
 _TOKENIZE_BATCH_SENTENCES = 32768  # big batches keep the Rust tokenizer busy
 
@@ -50,6 +51,10 @@ class _QuietCustomConfig(py_logging.Filter):
 
 
 logging.get_absl_logger().addFilter(_QuietCustomConfig())
+if not sys.stderr.isatty():
+  # TFDS draws tqdm bars while it builds a task dataset; in a log file or a pipe they are
+  # carriage returns and cursor-up escape codes, not progress.
+  tfds.disable_progress_bar()
 
 
 def default_data_dir(cache_dir=None) -> str:
@@ -203,21 +208,43 @@ class _FileHashes:
       paths.write_atomic(self.path, json.dumps(self.known))
 
 
+def _files_digest(h, files: list[str], root: str, data_dir: str):
+  """`h` updated with every file's path relative to `root` and its contents' sha256."""
+  hashes = _FileHashes(epath.Path(data_dir) / "pretrain_corpus_file_hashes.json")
+  for f in files:
+    h.update(f"{paths.relpath(f, root)}\0{hashes.sha256(f)}\n".encode())
+  hashes.save()
+  return h
+
+
 def source_key(source: str, *, data_dir: str, blank_line_docs: bool = False,
                source_data_dir: str | None = None) -> str:
-  """What identifies the text of `source`: for files, their relative paths and contents."""
+  """What identifies the text of `source`: for files and parquet files, their relative paths
+  and contents; for an hf dataset, the contents of the Arrow files that hold its split (their
+  names and sha256, remembered by stamp like any corpus file), the split and the column; for
+  tfds, the prepared dataset's versioned name."""
   kind, _, rest = source.partition(":")
   if kind == "files":
     globs, field = sources.parse_files_spec(rest)
     files, root = sources.resolve_files(globs)
-    hashes = _FileHashes(epath.Path(data_dir) / "pretrain_corpus_file_hashes.json")
     h = hashlib.sha256(f"blank_line_docs={blank_line_docs}\n".encode())
     if field is not None:  # (only then: the keys of existing text corpora stay as they were)
       h.update(f"field={field}\n".encode())
-    for f in files:
-      h.update(f"{paths.relpath(f, root)}\0{hashes.sha256(f)}\n".encode())
-    hashes.save()
-    return f"files_{h.hexdigest()[:8]}"
+    return f"files_{_files_digest(h, files, root, data_dir).hexdigest()[:8]}"
+  if kind == "parquet":
+    globs, column = tables.parse_parquet_spec(rest)
+    files, root = sources.resolve_files(globs)
+    h = hashlib.sha256(f"column={column}\n".encode())
+    return f"parquet_{_files_digest(h, files, root, data_dir).hexdigest()[:8]}"
+  if kind == "hf":
+    spec = tables.parse_hf_spec(rest)
+    files, fingerprint = tables.hf_data_files(spec)
+    h = hashlib.sha256(f"split={spec.split}\ncolumn={spec.column}\n".encode())
+    if not files:  # (an in-memory dataset: what datasets itself keys it by)
+      h.update(f"fingerprint={fingerprint}\n".encode())
+      return f"hf_{h.hexdigest()[:8]}"
+    files = [os.fspath(paths.absolute(f)) for f in files]
+    return f"hf_{_files_digest(h, files, paths.commonpath(files), data_dir).hexdigest()[:8]}"
   if kind == "tfds":  # versioned datasets: a re-prepared newer version is another corpus
     name = rest.rpartition(":")[0]
     try:

@@ -176,13 +176,14 @@ def pretrain_loader(source: str = "demo", vocab: str = "minilm", split: str = "t
                     data_dir=None, cache_dir=None, worker_count: int = 0,
                     prefetch: int = 8, example_ids: bool = False, build_workers: int = 2,
                     shard_docs: int = examples.DOCS_PER_SHARD,
-                    source_data_dir: str | None = None) -> Loader:
+                    source_data_dir: str | None = None, blank_line_docs: bool = False) -> Loader:
   """Builds (once) the source's row shards and returns this host's loader over them.
 
   The rows are built by `build_workers` processes into array_record shards of `shard_docs`
   documents under `data_dir` (shards.py) and read by index, never whole: the same path for the
   demo and for a web-scale mixture ('mix:...'). source_data_dir: where a tfds:<name> source's
-  dataset lives (None: TFDS's default). process_index / process_count default to
+  dataset lives (None: TFDS's default). blank_line_docs: a files: text file holds one document
+  per blank-line-separated block. process_index / process_count default to
   jax.process_index() / jax.process_count().
   """
   if process_index is None or process_count is None:
@@ -191,6 +192,7 @@ def pretrain_loader(source: str = "demo", vocab: str = "minilm", split: str = "t
   tok = tokenizer.load(builders.resolve_vocab(vocab, cache_dir))
   parts = shards.prepare_shards(source, vocab, example, data_dir, cache_dir,
                                 workers=build_workers, docs_per_shard=shard_docs,
+                                blank_line_docs=blank_line_docs,
                                 source_data_dir=source_data_dir)
   return Loader(shards.ShardedRows(parts, split),
                 LoaderConfig(global_batch_size, seed, num_epochs, process_index, process_count,

@@ -99,10 +99,16 @@ def split_sentences(text: str) -> tuple[str, ...]:
   return tuple(out)
 
 
+def id_hash(doc_id: str) -> int:
+  """A stable 32-bit hash of a document id (the first 4 bytes of its sha256, little-endian)."""
+  return int.from_bytes(hashlib.sha256(doc_id.encode()).digest()[:4], "little")
+
+
 def split_of(doc_id: str) -> str:
-  """'train' or 'validation' by a stable hash of the id (independent of reading order)."""
-  h = int.from_bytes(hashlib.sha256(doc_id.encode()).digest()[:4], "little")
-  return "validation" if h % VALIDATION_EVERY == 0 else "train"
+  """'train' or 'validation' by a stable hash of the id (independent of reading order): about
+  1 document in VALIDATION_EVERY is held out. A source too small for that to hold out any
+  (e.g. 6 files) gets the documents of smallest hash instead (shard_build.ShardPlan)."""
+  return "validation" if id_hash(doc_id) % VALIDATION_EVERY == 0 else "train"
 
 
 def _stdlib_json(name, cache_dir, pattern="*.json", key=None) -> Iterator[Document]:
@@ -174,8 +180,9 @@ def resolve_files(patterns: Sequence[str]) -> tuple[list[str], str]:
                   for f in (paths.glob(p) or [os.fspath(paths.absolute(p))])})
   missing = [f for f in files if not epath.Path(f).is_file()]
   if missing:
-    raise FileNotFoundError(f"corpus source: no such file(s): {missing[:5]}; check the "
-                            "files:<glob> of data.source")
+    raise FileNotFoundError(f"corpus source: no such file(s): {missing[:5]}; check the glob "
+                            "of the source (data.source of a training config, --source of "
+                            "encoder_jax.data.build)")
   return files, paths.commonpath(files)
 
 

