@@ -136,8 +136,9 @@ RULES = (
          "& python3 \"$SANDBOX/tb_check.py\" $TB_PORT runs/x; code=$?; kill %1; exit $code"),
     Rule(r"encoder_jax\.main --mode=demo", "as shown"),
     Rule(r"experiments\.run --grid=(?!all)", "its CPU dry run (--dry_run: a few steps of a "
-         "1 x 32 encoder, one fine-tuning seed on 16 rows) of the grid's first point",
-         replace=lambda c: f"{c} --dry_run --only={shlex.quote(_first_point(c))} "
+         "1 x 32 encoder, one fine-tuning seed on 16 rows) of the grid's first point, in one "
+         "process (--in_process)",
+         replace=lambda c: f"{c} --dry_run --in_process --only={shlex.quote(_first_point(c))} "
                            "--workdir=\"$SANDBOX/grids\" --out=\"$SANDBOX/grid_results\""),
     Rule(r"experiments\.run --grid=all --scale=base --action=plan", "as shown"),
     Rule(r"compile_check --tpu_topology", "the same slice and mesh for a tiny model",
