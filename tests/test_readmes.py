@@ -111,7 +111,7 @@ def _pod_train_here(command: str) -> str:
   tiny model and a few steps."""
   command = command.replace("size=base", "size=tiny")
   return (f"DRY_RUN=1 {command} {FAST_TRAIN} > \"$SANDBOX/pod.txt\" && "
-          "cat \"$SANDBOX/pod.txt\" && eval \"$(python3 \"$SANDBOX/remote.py\" "
+          "cat \"$SANDBOX/pod.txt\" && eval \"$(\"$PY\" \"$SANDBOX/remote.py\" "
           "\"$SANDBOX/pod.txt\")\"")
 
 
@@ -132,8 +132,8 @@ RULES = (
          append=FAST_FINETUNE),
     Rule(r"encoder_jax\.convert\.export --workdir=runs/x", "as shown"),
     Rule(r"^bash run\.sh tb runs$", "started in the background and asked for the run's "
-         "curves over HTTP", replace=lambda c: f"TB_PORT=$TB_PORT {c} > \"$SANDBOX/tb.log\" 2>&1 "
-         "& python3 \"$SANDBOX/tb_check.py\" $TB_PORT runs/x; code=$?; kill %1; exit $code"),
+         "curves over HTTP", replace=lambda c: f"{c} > \"$SANDBOX/tb.log\" 2>&1 & server=$!; "
+         "\"$PY\" \"$SANDBOX/tb_check.py\" $TB_PORT x; code=$?; kill $server; exit $code"),
     Rule(r"encoder_jax\.main --mode=demo", "as shown"),
     Rule(r"experiments\.run --grid=(?!all)", "its CPU dry run (--dry_run: a few steps of a "
          "1 x 32 encoder, one fine-tuning seed on 16 rows) of the grid's first point, in one "
@@ -161,9 +161,9 @@ RULES = (
     Rule(r"^DATA=", "Wikipedia -> my_text/", replace=lambda c: c.replace(WIKIPEDIA, MY_TEXT)),
     Rule(r"tpu_pod\.sh train", "DRY_RUN=1, then the workers' command on this CPU: a tiny "
          "model, a few steps", replace=_pod_train_here),
-    Rule(r"^for i in 0 1; do .*--distributed=explicit", "a free port; batches of 16",
+    Rule(r"^for i in 0 1; do .*--distributed=explicit", "a free port; one evaluation batch",
          replace=lambda c: c.replace("127.0.0.1:12355", "127.0.0.1:$PORT2").replace(
-             " & done", " --config.data.batch_size=16 --config.train.eval_steps=1 & done")),
+             " & done", " --config.train.eval_steps=1 & done")),
 )
 
 
@@ -272,7 +272,8 @@ def script_for(commands: list[Command], sandbox: pathlib.Path, logs: pathlib.Pat
   lines = ["set -u", f"cd {shlex.quote(str(ROOT))}", f"export SANDBOX={shlex.quote(str(sandbox))}",
            f"export TB_PORT={_free_port()} PORT2={_free_port()}",
            f"export ENCODER_JAX_VENV={shlex.quote(str(pathlib.Path(sys.executable).parents[1]))}",
-           f"export DEMO_WORKDIR={shlex.quote(str(sandbox / 'runs' / 'demo'))}"]
+           f"export DEMO_WORKDIR={shlex.quote(str(sandbox / 'runs' / 'demo'))}",
+           f"export PY={shlex.quote(sys.executable)}"]
   for i, c in enumerate(commands):
     rule = rule_for(c)
     if rule.in_ci or rule.offline:
