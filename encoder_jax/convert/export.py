@@ -78,19 +78,33 @@ class NotRepresentable(ValueError):
 
 
 def refusal(workdir, cfg, obj, found: list[tuple[families.Family, list[families.Gap]]]) -> str:
-  """The one line for a run no family represents: the switches of the closest family (fewest
-  gaps; the registry's order breaks ties), and the configuration that closes them."""
+  """The one line for a run no family represents: the switches no family has a place for, what
+  else the closest family (fewest gaps; the registry's order breaks ties) lacks, and the
+  configuration that closes its gaps."""
   closest, gaps = min(found, key=lambda fg: len(fg[1]))
   names = "/".join(f.name for f, _ in found)
+  common = [g for g in gaps if all(g.switch in {h.switch for h in fg} for _, fg in found)]
+  rest = [g for g in gaps if g not in common]
+  say = lambda gs: f"{' and '.join(g.switch for g in gs)} ({'; '.join(g.why for g in gs)})"
+  parts = []
+  if common:
+    verb = "has" if len(common) == 1 else "have"
+    parts.append(f"{' and '.join(g.switch for g in common)} {verb} no transformers "
+                 f"equivalent in {names} ({'; '.join(g.why for g in common)})")
+  if rest:
+    parts.append(f"{'' if common else f'no family in {names} represents this run: '}the "
+                 f"closest, {closest.name}, has no place for {say(rest)}")
+  msg = "; ".join(parts)
   fixed = families.apply_fix(cfg, obj, gaps)
   nearest = next((f.name for f, _ in found if not f.gaps(*fixed)), None)
-  msg = (f"{' and '.join(g.switch for g in gaps)} {'has' if len(gaps) == 1 else 'have'} no "
-         f"transformers equivalent in {names} ({'; '.join(g.why for g in gaps)})")
   if nearest:
     msg += (f"; the nearest exportable configuration is this run's with "
             f"{families.fix_flags(gaps)}, which exports as {nearest}")
     if {k for g in gaps for k, _ in g.fix} <= {"norm_first", "position_bias"}:
-      msg += " (the post-LN presets have both, e.g. configs/pretrain.py:size=tiny)"
+      preset = ",".join(["size=tiny"] + [f"objective={obj.objective}"] * obj.is_electra +
+                        [f"nsp={obj.sentence_task}"] * (obj.sentence_task != "none"))
+      msg += (" (as configs/pretrain.py's presets are without runlocal, e.g. "
+              f"configs/pretrain.py:{preset})")
   return (f"{msg}. Fine-tune this run with encoder_jax instead (init=ckpt:{workdir} loads "
           "the checkpoint as trained). Nothing was written to --out.")
 

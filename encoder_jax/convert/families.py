@@ -35,7 +35,7 @@ from encoder_jax.objectives.pretraining import ObjectiveConfig
 class Gap:
   """One setting of a run that a family cannot represent."""
   switch: str  # the setting as it is set: "model.position_bias='alibi'"
-  why: str  # what the family has instead: "HF has learned absolute positions only"
+  why: str  # what the family has instead, no ';': "HF has learned absolute positions only"
   # The values that close the gap: ModelConfig fields, or "objective.<field>" for the
   # objective's (the nearest configuration that exports is the run's with these).
   fix: tuple[tuple[str, Any], ...] = ()
@@ -80,13 +80,11 @@ def encoder_gaps(cfg: ModelConfig) -> list[Gap]:
   with learned absolute positions."""
   gaps = []
   if cfg.norm_first:
-    gaps.append(Gap("model.norm_first=True", "pre-LN blocks; HF's are post-LN",
+    gaps.append(Gap("model.norm_first=True", "HF's blocks are post-LN",
                     (("norm_first", False),)))
   if cfg.position_bias != "none":
-    name = "ALiBi" if cfg.position_bias == "alibi" else repr(cfg.position_bias)
     gaps.append(Gap(f"model.position_bias={cfg.position_bias!r}",
-                    f"{name} position bias; HF has learned absolute positions only",
-                    (("position_bias", "none"),)))
+                    "HF has learned absolute positions only", (("position_bias", "none"),)))
   return gaps
 
 
@@ -117,5 +115,7 @@ def fix_flags(gaps: list[Gap]) -> str:
   flags = {}
   for gap in gaps:
     for key, value in gap.fix:
-      flags[key if key.startswith("objective.") else f"model.{key}"] = value
+      # (a ConfigDict leaf is never None: configs/pretrain.py's 0 means "unset" there)
+      flags[key if key.startswith("objective.") else f"model.{key}"] = (
+          0 if value is None else value)
   return " ".join(f"--config.{k}={v}" for k, v in flags.items())

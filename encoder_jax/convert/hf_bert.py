@@ -71,8 +71,8 @@ def hf_bert_gaps(cfg: ModelConfig) -> list[Gap]:
   gaps = encoder_gaps(cfg)
   if cfg.embed_size != cfg.hidden_size:
     gaps.append(Gap(f"model.embedding_size={cfg.embed_size}",
-                    f"an embedding projection to hidden_size={cfg.hidden_size}; HF BertModel "
-                    "has none", (("embedding_size", None),)))
+                    f"HF BERT has no embedding projection to hidden_size={cfg.hidden_size}",
+                    (("embedding_size", None),)))
   return gaps
 
 

@@ -77,8 +77,8 @@ def hf_roberta_gaps(cfg: ModelConfig, *, lm_head: bool) -> list[Gap]:
   gaps = encoder_gaps(cfg)
   if cfg.embed_size != cfg.hidden_size:
     gaps.append(Gap(f"model.embedding_size={cfg.embed_size}",
-                    f"an embedding projection to hidden_size={cfg.hidden_size}; HF RoBERTa "
-                    "has none", (("embedding_size", None),)))
+                    f"HF RoBERTa has no embedding projection to hidden_size="
+                    f"{cfg.hidden_size}", (("embedding_size", None),)))
   return gaps + (mlm_head_gaps(cfg, "RoBERTa") if lm_head else [])
 
 

@@ -264,10 +264,11 @@ def test_a_pre_ln_alibi_run_is_refused_in_one_line(tmp_path):
   said = [line for line in proc.stderr.splitlines() if line.startswith("export:")]
   assert len(said) == 1 and proc.stderr.rstrip().endswith(said[0]), proc.stderr[-3000:]
   for part in ("export: model.norm_first=True and model.position_bias='alibi' have no "
-               "transformers equivalent in RoBERTa/BERT/ELECTRA (pre-LN blocks",
+               "transformers equivalent in RoBERTa/BERT/ELECTRA (HF's blocks are post-LN; HF has "
+               "learned absolute positions only); ",
                "the nearest exportable configuration is this run's with "
                "--config.model.norm_first=False --config.model.position_bias=none, which "
-               "exports as BERT (the post-LN presets have both, e.g. "
+               "exports as BERT (as configs/pretrain.py's presets are without runlocal, e.g. "
                "configs/pretrain.py:size=tiny)", f"init=ckpt:{workdir} ",
                "Nothing was written to --out"):
     assert part in said[0], said[0]
@@ -278,9 +279,21 @@ def test_a_pre_ln_alibi_run_is_refused_in_one_line(tmp_path):
   config.model.norm_first = False
   (workdir / setup.CONFIG_FILE).write_text(config.to_json_best_effort(indent=2))
   with pytest.raises(export.NotRepresentable, match=r"^model\.position_bias='alibi' has no .*"
-                     r"which exports as ELECTRA"):
+                     r"which exports as ELECTRA .*configs/pretrain\.py:size=tiny,"
+                     r"objective=electra\)"):
     export.export_run(workdir, out, report=lambda _: None)
   assert not out.exists()
+  # No switch lacking everywhere: the closest family and what it lacks (ELECTRA-small's
+  # embedding projection with NSP: BERT has no projection, ELECTRA no NSP head).
+  from encoder_jax.convert import load
+  from encoder_jax.model.config import ModelConfig
+  from encoder_jax.objectives.pretraining import ObjectiveConfig
+  cfg, obj = ModelConfig(embedding_size=128), ObjectiveConfig(sentence_task="nsp")
+  assert export.refusal("runs/x", cfg, obj, load.exporting_family(cfg, obj)[1]).startswith(
+      "no family in RoBERTa/BERT/ELECTRA represents this run: the closest, BERT, has no place "
+      "for model.embedding_size=128 (HF BERT has no embedding projection to hidden_size=768); "
+      "the nearest exportable configuration is this run's with --config.model.embedding_size=0"
+      ", which exports as BERT. Fine-tune")
 
 
 @pytest.mark.parametrize("preset,model,family", [
