@@ -50,6 +50,7 @@ import pathlib
 import sys
 from typing import Callable
 
+import jax
 from absl import app, flags, logging
 
 from encoder_jax import paths
@@ -190,7 +191,10 @@ def reload_check(written: list[Written], tok, max_positions: int,
       theirs = getattr(hf.eval()(input_ids=torch.tensor(ids, dtype=torch.long),
                                  attention_mask=torch.tensor(mask, dtype=torch.long)),
                        w.output).numpy()
-    diff = float(abs(w.ours(ids, rows["mask"])[mask] - theirs[mask]).max())
+    # fp32 matmuls in full: on a GPU, XLA's default for fp32 would take TF32 passes (~1e-3).
+    with jax.default_matmul_precision("highest"):
+      ours = w.ours(ids, rows["mask"])
+    diff = float(abs(ours[mask] - theirs[mask]).max())
     scale = max(1.0, float(abs(theirs[mask]).max()))
     report(f"export: reload check: transformers.{w.auto_class} on {len(TEXTS)} rows: max "
            f"|{w.output} difference| {diff:.2g} (of values up to {scale:.3g})")
