@@ -228,7 +228,13 @@ def export_hf_electra(model: ElectraDiscriminator | ElectraGenerator | ElectraMo
   discriminator heads, an NSP pooler) are left out with a warning; their discriminator is
   written as a bare ElectraModel. `vocab`: a vocab.txt to copy into every folder.
   """
-  return [w[0] for w in _export(model, pathlib.Path(out_dir), vocab)]
+  written = _export(model, pathlib.Path(out_dir), vocab)
+  for _, _, dropped in written:
+    if dropped:
+      logging.warning("HF ELECTRA has no place for the discriminator heads %s of this "
+                      "main_head=%r model; the discriminator is exported without them.",
+                      dropped, model.main_head)
+  return [folder for folder, _, _ in written]
 
 
 def _export(model, out_dir: pathlib.Path, vocab) -> list[tuple[pathlib.Path, str, list[str]]]:
@@ -248,10 +254,6 @@ def _export(model, out_dir: pathlib.Path, vocab) -> list[tuple[pathlib.Path, str
                                         model.rtd if model.main_head == "copy_mlm" else None),
                                        ("disc_mlm", model.disc_mlm), ("pooler", model.pooler),
                                        ("nsp", model.nsp)) if head is not None]
-    if dropped:
-      logging.warning("HF ELECTRA has no place for the discriminator heads %s of this "
-                      "main_head=%r model; the discriminator is exported without them.",
-                      dropped, model.main_head)
     return [(out_dir, _export_one(model.disc_cfg, disc_enc, out_dir, vocab, rtd=rtd), dropped),
             (out_dir / "generator", _export_one(model.gen_cfg, gen_enc, out_dir / "generator",
                                                 vocab, mlm=_pure_params(model.gen_mlm)), [])]
