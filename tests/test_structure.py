@@ -1,16 +1,17 @@
 """The package's import graph has layers, and nothing imports upward.
 
-model/ and data/ stand alone; objectives/ builds on model/; train/ on those three; convert/
-(reads training checkpoints) on train/; finetune/ on everything below; pretrain.py (loads
-init_from's sources, then runs the trainer) on finetune/; the entry points (main, demo, cli) on
-top. A new subpackage or module must be given a layer here.
+model/ and data/ stand alone; objectives/ builds on model/; train/ on those three (its
+run_dir.py is the one reader of a run folder); convert/ (HF families, and loading an encoder
+from any source: a HF folder or a run) on train/; pretrain.py (loads init_from's sources
+through convert/, then runs the trainer) and finetune/ beside each other on convert/; the
+entry points (main, demo, cli) on top. A new subpackage or module must be given a layer here.
 """
 import ast
 import pathlib
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "encoder_jax"
 LAYER = {"model": 0, "data": 0, "paths": 0, "objectives": 1, "train": 2, "convert": 3,
-         "finetune": 4, "pretrain": 4.5, "cli": 5, "demo": 5, "main": 5}
+         "finetune": 4, "pretrain": 4, "cli": 5, "demo": 5, "main": 5}
 
 
 def imports() -> list[tuple[str, str, str]]:

@@ -7,6 +7,9 @@ Export: `export_hf_bert(model, dir)` writes a checkpoint that `transformers.Bert
 `BertForPreTraining` (`BertForMaskedLM` for a model without NSP) `.from_pretrained(dir)` loads;
 import(export(params)) is bit-exact (pure transposes and reshapes).
 
+FAMILY (encoder_jax.convert.families): BERT in the registry of encoder_jax.convert.load;
+hf_roberta and hf_electra reuse the per-layer maps and the folder writer here.
+
 Layout differences handled here: torch Linear weights are [out, in] (ours [in, out]); BERT's
 separate query/key/value become our fused [D, 3, N, H] kernel; scanned stacks hold every
 layer's parameter in one [L, ...] array.
@@ -26,8 +29,10 @@ from absl import logging
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
+from encoder_jax.convert.families import Family, Gap, Weights, Written, encoder_gaps
 from encoder_jax.model.bert import BertForPreTraining, BertModel
 from encoder_jax.model.config import ModelConfig
+from encoder_jax.objectives.pretraining import ObjectiveConfig
 
 _ACT_FROM_HF = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                 "relu": "relu"}
@@ -61,25 +66,22 @@ def hf_config_to_model_config(hf: dict[str, Any], **overrides: Any) -> ModelConf
   return ModelConfig(**kw)
 
 
-def encoder_gaps(cfg: ModelConfig) -> list[str]:
-  """What in `cfg` neither HF BERT nor HF ELECTRA has a place for (both are post-LN encoders
-  with learned absolute positions): phrases for an error message; empty if none."""
-  gaps = []
-  if cfg.norm_first:
-    gaps.append("pre-LN blocks (model.norm_first=True; HF's are post-LN)")
-  if cfg.position_bias != "none":
-    name = "ALiBi" if cfg.position_bias == "alibi" else repr(cfg.position_bias)
-    gaps.append(f"{name} position bias (model.position_bias={cfg.position_bias!r}; HF has "
-                "learned absolute positions only)")
-  return gaps
-
-
-def hf_bert_gaps(cfg: ModelConfig) -> list[str]:
+def hf_bert_gaps(cfg: ModelConfig) -> list[Gap]:
   """What in `cfg` HF BERT cannot represent (empty: the export computes what we compute)."""
   gaps = encoder_gaps(cfg)
   if cfg.embed_size != cfg.hidden_size:
-    gaps.append(f"an embedding projection (model.embedding_size={cfg.embed_size} != "
-                f"hidden_size={cfg.hidden_size}; HF BertModel has none)")
+    gaps.append(Gap(f"model.embedding_size={cfg.embed_size}",
+                    f"HF BERT has no embedding projection to hidden_size={cfg.hidden_size}",
+                    (("embedding_size", None),)))
+  return gaps
+
+
+def run_gaps(cfg: ModelConfig, obj: ObjectiveConfig) -> list[Gap]:
+  """What HF BERT cannot represent of a pre-training run (FAMILY.gaps)."""
+  gaps = hf_bert_gaps(cfg)
+  if obj.is_electra:
+    gaps.append(Gap(f"objective.objective={obj.objective!r}", "HF BERT has no generator or "
+                    "replaced-token head", (("objective.objective", "mlm"),)))
   return gaps
 
 
@@ -89,20 +91,23 @@ def model_config_to_hf_config(cfg: ModelConfig, architectures: list[str]) -> dic
 
 
 def hf_config(cfg: ModelConfig, architectures: list[str], model_type: str,
-              gaps: list[str]) -> dict[str, Any]:
-  """config.json of `cfg` for HF's `model_type` ("bert" | "electra"); `gaps`: what that model
-  cannot represent (hf_bert_gaps | hf_electra_gaps), raised when not empty."""
+              gaps: list[Gap]) -> dict[str, Any]:
+  """config.json of `cfg` for HF's `model_type` ("bert" | "electra" | "roberta"); `gaps`:
+  what that model cannot represent (hf_bert_gaps | ...), raised when not empty. A model
+  without token types (type_vocab_size=0) gets one type whose embedding is zeros
+  (_encoder_to_hf): HF's embeddings always add one."""
   if gaps:
     raise ValueError(f"HF {model_type.upper()} cannot represent this encoder, which has "
-                     f"{' and '.join(gaps)}: transformers would compute something else. Change "
-                     "the settings named here to export it.")
+                     f"{' and '.join(f'{g.switch} ({g.why})' for g in gaps)}: transformers "
+                     "would compute something else. Change the settings named here to "
+                     "export it.")
   return {
       "architectures": architectures, "model_type": model_type, "vocab_size": cfg.vocab_size,
       **({"embedding_size": cfg.embed_size} if model_type == "electra" else {}),
       "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_layers,
       "num_attention_heads": cfg.num_heads, "intermediate_size": cfg.ffn_size,
       "max_position_embeddings": cfg.max_positions,
-      "type_vocab_size": cfg.type_vocab_size, "hidden_act": _ACT_TO_HF[cfg.activation],
+      "type_vocab_size": max(cfg.type_vocab_size, 1), "hidden_act": _ACT_TO_HF[cfg.activation],
       "hidden_dropout_prob": cfg.hidden_dropout,
       "attention_probs_dropout_prob": cfg.attention_dropout,
       "layer_norm_eps": cfg.layer_norm_eps, "initializer_range": cfg.initializer_range,
@@ -188,6 +193,8 @@ def _encoder_to_hf(enc: dict[str, Any], cfg: ModelConfig) -> dict[str, np.ndarra
          **_ln_to_hf(enc["embeddings"]["ln"], f"{e}LayerNorm")}
   if cfg.type_vocab_size:
     out[f"{e}token_type_embeddings.weight"] = enc["embeddings"]["token_type"]["embedding"]
+  else:  # HF adds a type embedding whatever: one of zeros adds nothing
+    out[f"{e}token_type_embeddings.weight"] = np.zeros((1, cfg.embed_size), np.float32)
   if cfg.embed_size != cfg.hidden_size:
     out.update(_dense_to_hf(enc["embed_proj"], "embeddings_project"))
   for i in range(cfg.num_layers):
@@ -271,9 +278,12 @@ def load_hf_bert(path: str | os.PathLike, *, pretraining: bool = False, nsp: boo
   hidden_dropout=0.0). The model is returned in eval mode.
   """
   hf_cfg, tensors = read_hf_folder(path)
-  if hf_cfg.get("model_type") == "electra":
-    raise ValueError(f"{path} is an ELECTRA checkpoint (model_type='electra'); load it with "
-                     "encoder_jax.convert.load_hf_electra.")
+  if (model_type := hf_cfg.get("model_type", "bert")) != "bert":
+    loader = {"electra": "load_hf_electra", "roberta": "load_hf_roberta"}.get(model_type)
+    raise ValueError(f"{path} is not a BERT checkpoint (model_type={model_type!r}); load it "
+                     f"with {f'encoder_jax.convert.{loader} or ' if loader else ''}"
+                     "encoder_jax.convert.load.load_backbone('hf:<dir>'), which picks the "
+                     "family's converter.")
   cfg = hf_config_to_model_config(hf_cfg, **config_overrides)
   params = hf_tensors_to_params(tensors, cfg, pretraining=pretraining, nsp=nsp, pooler=pooler)
   # Build the module abstractly (no random init of ~100M numbers we would overwrite at once),
@@ -301,30 +311,67 @@ def _assign(model: nnx.Module, params: dict[str, Any]) -> None:
 
 
 def export_hf_bert(model: BertModel | BertForPreTraining, out_dir: str | os.PathLike, *,
-                   vocab: str | os.PathLike | None = None) -> None:
-  """Writes config.json + model.safetensors loadable by transformers (atomically).
+                   vocab: str | os.PathLike | None = None) -> str:
+  """Writes config.json + model.safetensors loadable by transformers (atomically); returns the
+  HF class written.
 
   BertForPreTraining with NSP exports as HF `BertForPreTraining`; without NSP (no pooler, no
-  NSP head: RoBERTa-style runs) as `BertForMaskedLM`, which has exactly those tensors, so
-  transformers loads it with nothing missing or randomly initialised. `vocab`: a vocab.txt to
-  copy beside the weights (with a tokenizer_config.json), so AutoTokenizer loads the folder.
+  NSP head) as `BertForMaskedLM`, which has exactly those tensors, so transformers loads it
+  with nothing missing or randomly initialised. `vocab`: a vocab.txt to copy beside the
+  weights (with a tokenizer_config.json), so AutoTokenizer loads the folder.
   """
   pretraining = isinstance(model, BertForPreTraining)
   cfg = model.cfg
   if not pretraining:
-    arch = ["BertModel"]
+    arch = "BertModel"
   else:
-    arch = ["BertForPreTraining"] if model.nsp is not None else ["BertForMaskedLM"]
-  hf_cfg = model_config_to_hf_config(cfg, arch)
+    arch = "BertForPreTraining" if model.nsp is not None else "BertForMaskedLM"
+  hf_cfg = model_config_to_hf_config(cfg, [arch])
   tensors = params_to_hf_tensors(_pure_params(model), cfg, pretraining=pretraining)
   write_hf_folder(out_dir, hf_cfg, tensors, vocab=vocab)
+  return arch
+
+
+def read(path: str | os.PathLike, **config_overrides: Any) -> Weights:
+  """A HF BERT folder (BertModel, BertForMaskedLM, BertForPreTraining, or a fine-tuned BERT
+  whose task head has no counterpart here) as Weights: the heads are those it holds."""
+  hf_cfg, tensors = read_hf_folder(path)
+  cfg = hf_config_to_model_config(hf_cfg, **config_overrides)
+  names = {k.removeprefix("bert.") for k in tensors}
+  mlm, nsp = "cls.predictions.bias" in names, "cls.seq_relationship.weight" in names
+  pooler = "pooler.dense.weight" in names
+  params = hf_tensors_to_params(tensors, cfg, pretraining=mlm, nsp=nsp, pooler=pooler)
+  if not mlm:
+    return Weights(cfg, params["encoder"], params.get("pooler"))
+  heads = {k: v for k, v in params.items() if k != "bert"}
+  return Weights(cfg, params["bert"]["encoder"], params["bert"].get("pooler"), heads)
+
+
+def _export_run_model(model: nnx.Module, out_dir: pathlib.Path, *, vocab=None,
+                      pad_id: int | None = None) -> list[Written]:
+  """FAMILY.export: a pre-training run's BertForPreTraining (run_gaps found nothing). HF
+  BERT's computation does not depend on the pad id (positions are 0..T-1), so `pad_id` is
+  not needed."""
+  del pad_id
+  arch = export_hf_bert(model, out_dir, vocab=vocab)
+  auto = "AutoModelForPreTraining" if arch == "BertForPreTraining" else "AutoModelForMaskedLM"
+  return [Written(pathlib.Path(out_dir), arch, auto,
+                  lambda ids, mask: np.asarray(model(ids, mask)[0]))]
+
+
+FAMILY = Family(name="BERT", model_types=("bert",), gaps=run_gaps,
+                model_config=hf_config_to_model_config, read=read, export=_export_run_model)
 
 
 def write_hf_folder(out_dir: str | os.PathLike, hf_cfg: dict[str, Any],
                     tensors: dict[str, np.ndarray], *,
-                    vocab: str | os.PathLike | None = None) -> None:
+                    vocab: str | os.PathLike | None = None,
+                    tokenizer: dict[str, Any] | None = None) -> None:
   """config.json + model.safetensors (fp32) [+ vocab.txt + tokenizer_config.json], each file
-  written to a temporary in `out_dir` and renamed: a crash never leaves a half file."""
+  written to a temporary in `out_dir` and renamed: a crash never leaves a half file. Files get
+  the mode a newly created file gets (0644 under the usual umask 022), where safetensors alone
+  leaves model.safetensors readable by its owner only. `tokenizer`: entries to add to
+  tokenizer_config.json."""
   tensors = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()}
   files = {"config.json": json.dumps(hf_cfg, indent=2) + "\n"}
   if vocab is not None:
@@ -334,12 +381,21 @@ def write_hf_folder(out_dir: str | os.PathLike, hf_cfg: dict[str, Any],
         "tokenizer_class": "BertTokenizer", "do_lower_case": True,
         "model_max_length": hf_cfg["max_position_embeddings"], "unk_token": "[UNK]",
         "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
-        "mask_token": "[MASK]"}, indent=2) + "\n"
+        "mask_token": "[MASK]", **(tokenizer or {})}, indent=2) + "\n"
   out_dir = pathlib.Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
+  mode = 0o666 & ~_umask()
   with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
     save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
     for name, text in files.items():
       pathlib.Path(tmp, name).write_text(text, encoding="utf-8")
     for name in ("model.safetensors", *files):
+      os.chmod(os.path.join(tmp, name), mode)
       os.replace(os.path.join(tmp, name), out_dir / name)
+
+
+def _umask() -> int:
+  # The only way to read the umask is to set it; set it straight back.
+  mask = os.umask(0o022)
+  os.umask(mask)
+  return mask

@@ -11,6 +11,9 @@ Export: `export_hf_electra(model, dir)` writes what transformers' `from_pretrain
 nothing missing: a discriminator as ElectraForPreTraining (ElectraModel without RTD head), a
 generator as ElectraForMaskedLM, and our ElectraModel as both: the discriminator in `dir`, the
 generator in `dir/generator`. import(export(params)) is bit-exact (transposes and reshapes).
+A generator is BERT's MLM model with ELECTRA's embedding projection, so an MLM run with an
+embedding_size != hidden_size (which HF BERT cannot hold) exports as ElectraForMaskedLM too
+(FAMILY, encoder_jax.convert.load.FAMILIES).
 
 Tied embeddings: our ElectraModel keeps ONE embeddings module (token, position and type tables
 and their LayerNorm) for generator and discriminator, as ELECTRA pre-training does; HF keeps a
@@ -32,13 +35,17 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
+from encoder_jax.convert.families import (Family, Gap, Weights, Written, encoder_gaps,
+                                          mlm_head_gaps)
 from encoder_jax.convert.hf_bert import (_assign, _dense_from_hf, _dense_to_hf,
                                          _encoder_from_hf, _encoder_to_hf, _ln_from_hf,
-                                         _ln_to_hf, _pure_params, encoder_gaps,
-                                         hf_config, hf_config_to_model_config,
-                                         read_hf_folder, write_hf_folder)
+                                         _ln_to_hf, _pure_params, hf_config,
+                                         hf_config_to_model_config, read_hf_folder,
+                                         write_hf_folder)
+from encoder_jax.model.bert import BertForPreTraining
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.model.electra import ElectraDiscriminator, ElectraGenerator, ElectraModel
+from encoder_jax.objectives.pretraining import ObjectiveConfig
 
 # Buffers and tied copies that carry no parameter of their own.
 _IGNORED_KEYS = ("embeddings.position_ids", "embeddings.token_type_ids",
@@ -46,27 +53,38 @@ _IGNORED_KEYS = ("embeddings.position_ids", "embeddings.token_type_ids",
 _RTD, _GEN = "discriminator_predictions.", "generator_predictions."
 
 
-def hf_electra_gaps(cfg: ModelConfig, *, generator: bool = False) -> list[str]:
-  """What in `cfg` (a generator's when `generator`) HF ELECTRA cannot represent: phrases for
-  an error message; empty: the export computes what we compute."""
+def hf_electra_gaps(cfg: ModelConfig, *, generator: bool = False) -> list[Gap]:
+  """What in `cfg` (a generator's when `generator`) HF ELECTRA cannot represent; empty: the
+  export computes what we compute. (No token types, type_vocab_size=0, exports as one type of
+  zeros: hf_bert._encoder_to_hf.)"""
   gaps = encoder_gaps(cfg)
-  if not cfg.type_vocab_size:
-    gaps.append("no token type embeddings (model.type_vocab_size=0; HF ElectraModel always "
-                "has them)")
   # HF's ElectraGeneratorPredictions applies exact GELU whatever hidden_act says; our MLM head
   # applies cfg.activation, so only "gelu" gives the same numbers on both sides.
-  if generator and cfg.activation != "gelu":
-    gaps.append(f"activation={cfg.activation!r} (HF's ELECTRA generator head always uses "
-                "exact GELU)")
+  if generator:
+    gaps += mlm_head_gaps(cfg, "ELECTRA generator")
   return gaps
 
 
-def hf_electra_pair_gaps(disc: ModelConfig, gen: ModelConfig) -> list[str]:
+def hf_electra_pair_gaps(disc: ModelConfig, gen: ModelConfig) -> list[Gap]:
   """hf_electra_gaps of a pre-training pair: the discriminator's, then what only the
   generator has."""
   gaps = hf_electra_gaps(disc)
-  return gaps + [f"{g} in the generator" for g in hf_electra_gaps(gen, generator=True)
-                 if g not in gaps]
+  return gaps + [Gap(f"{g.switch} in the generator", g.why, g.fix)
+                 for g in hf_electra_gaps(gen, generator=True)
+                 if g.switch not in {d.switch for d in gaps}]
+
+
+def run_gaps(cfg: ModelConfig, obj: ObjectiveConfig) -> list[Gap]:
+  """FAMILY.gaps: an ELECTRA run exports as the pair; an MLM run (ELECTRA-small's embedding
+  projection, say) as a generator-shaped ElectraForMaskedLM, which is BERT's MLM model with
+  ELECTRA's embeddings_project."""
+  if obj.is_electra:
+    return hf_electra_pair_gaps(cfg, obj.generator_config(cfg))
+  gaps = hf_electra_gaps(cfg, generator=True)
+  if obj.sentence_task != "none":
+    gaps.append(Gap(f"objective.sentence_task={obj.sentence_task!r}", "HF's ELECTRA classes "
+                    "have no sentence-pair head", (("objective.sentence_task", "none"),)))
+  return gaps
 
 
 def _check_generator_activation(cfg: ModelConfig, where: str) -> None:
@@ -131,9 +149,7 @@ def _read(path: str | os.PathLike, overrides: dict[str, Any]
     raise ValueError(f"{path}/config.json has model_type={hf_cfg.get('model_type')!r}, not "
                      "'electra'" + ("; load BERT checkpoints with load_hf_bert."
                                     if hf_cfg.get("model_type") == "bert" else "."))
-  # HF's ElectraConfig default, for configs that leave it out.
-  hf_cfg.setdefault("embedding_size", 128)
-  cfg = hf_config_to_model_config(hf_cfg, **overrides)
+  cfg = model_config(hf_cfg, **overrides)
   kind, params = hf_electra_tensors_to_params(tensors, cfg)
   if kind == "mlm":
     _check_generator_activation(cfg, str(path))
@@ -212,13 +228,23 @@ def export_hf_electra(model: ElectraDiscriminator | ElectraGenerator | ElectraMo
   discriminator heads, an NSP pooler) are left out with a warning; their discriminator is
   written as a bare ElectraModel. `vocab`: a vocab.txt to copy into every folder.
   """
-  out_dir = pathlib.Path(out_dir)
+  written = _export(model, pathlib.Path(out_dir), vocab)
+  for _, _, dropped in written:
+    if dropped:
+      logging.warning("HF ELECTRA has no place for the discriminator heads %s of this "
+                      "main_head=%r model; the discriminator is exported without them.",
+                      dropped, model.main_head)
+  return [folder for folder, _, _ in written]
+
+
+def _export(model, out_dir: pathlib.Path, vocab) -> list[tuple[pathlib.Path, str, list[str]]]:
+  """(folder, HF class, our heads left out) of each folder written."""
   if isinstance(model, ElectraModel):
     # Both halves checked before either folder is written: never a discriminator alone.
     if gaps := hf_electra_pair_gaps(model.disc_cfg, model.gen_cfg):
       raise ValueError(f"HF ELECTRA cannot represent this model, which has "
-                       f"{' and '.join(gaps)}: transformers would compute something else. "
-                       "Nothing was written.")
+                       f"{' and '.join(f'{g.switch} ({g.why})' for g in gaps)}: transformers "
+                       "would compute something else. Nothing was written.")
     disc_enc = _pure_params(model.discriminator)
     # _pure_params of the generator reaches the shared embeddings through it: the copy HF
     # needs in the generator's folder.
@@ -228,29 +254,27 @@ def export_hf_electra(model: ElectraDiscriminator | ElectraGenerator | ElectraMo
                                         model.rtd if model.main_head == "copy_mlm" else None),
                                        ("disc_mlm", model.disc_mlm), ("pooler", model.pooler),
                                        ("nsp", model.nsp)) if head is not None]
-    if dropped:
-      logging.warning("HF ELECTRA has no place for the discriminator heads %s of this "
-                      "main_head=%r model; the discriminator is exported without them.",
-                      dropped, model.main_head)
-    _export_one(model.disc_cfg, disc_enc, out_dir, vocab, rtd=rtd)
-    _export_one(model.gen_cfg, gen_enc, out_dir / "generator", vocab,
-                mlm=_pure_params(model.gen_mlm))
-    return [out_dir, out_dir / "generator"]
+    return [(out_dir, _export_one(model.disc_cfg, disc_enc, out_dir, vocab, rtd=rtd), dropped),
+            (out_dir / "generator", _export_one(model.gen_cfg, gen_enc, out_dir / "generator",
+                                                vocab, mlm=_pure_params(model.gen_mlm)), [])]
+  if isinstance(model, BertForPreTraining) and model.nsp is None:
+    # An MLM run: BERT's MLM model, with ELECTRA's embedding projection where it has one.
+    encoder, mlm = _pure_params(model.bert.encoder), _pure_params(model.mlm)
+    return [(out_dir, _export_one(model.cfg, encoder, out_dir, vocab, mlm=mlm), [])]
   if isinstance(model, ElectraGenerator):
-    _export_one(model.cfg, _pure_params(model.encoder), out_dir, vocab,
-                mlm=_pure_params(model.mlm))
-  elif isinstance(model, ElectraDiscriminator):
-    _export_one(model.cfg, _pure_params(model.encoder), out_dir, vocab,
-                rtd=None if model.rtd is None else _pure_params(model.rtd))
-  else:
-    raise TypeError(f"export_hf_electra takes an ElectraModel, ElectraDiscriminator or "
-                    f"ElectraGenerator, not {type(model).__name__}; export BERT models with "
-                    "export_hf_bert.")
-  return [out_dir]
+    return [(out_dir, _export_one(model.cfg, _pure_params(model.encoder), out_dir, vocab,
+                                  mlm=_pure_params(model.mlm)), [])]
+  if isinstance(model, ElectraDiscriminator):
+    return [(out_dir, _export_one(model.cfg, _pure_params(model.encoder), out_dir, vocab,
+                                  rtd=None if model.rtd is None else _pure_params(model.rtd)),
+             [])]
+  raise TypeError(f"export_hf_electra takes an ElectraModel, ElectraDiscriminator, "
+                  f"ElectraGenerator or a BertForPreTraining without NSP, not "
+                  f"{type(model).__name__}; export BERT models with export_hf_bert.")
 
 
 def _export_one(cfg: ModelConfig, encoder: dict[str, Any], out_dir: pathlib.Path, vocab, *,
-                rtd=None, mlm=None) -> None:
+                rtd=None, mlm=None) -> str:
   arch = ("ElectraForPreTraining" if rtd is not None else
           "ElectraForMaskedLM" if mlm is not None else "ElectraModel")
   hf_cfg = hf_config(cfg, [arch], "electra", hf_electra_gaps(cfg, generator=mlm is not None))
@@ -258,3 +282,47 @@ def _export_one(cfg: ModelConfig, encoder: dict[str, Any], out_dir: pathlib.Path
   tensors = params_to_hf_electra_tensors(encoder, cfg, rtd=rtd, mlm=mlm,
                                          prefix="" if arch == "ElectraModel" else "electra.")
   write_hf_folder(out_dir, hf_cfg, tensors, vocab=vocab)
+  return arch
+
+
+# ----------------------------------------------------------------------------- the family
+def read(path: str | os.PathLike, **config_overrides: Any) -> Weights:
+  """FAMILY.read: one HF ELECTRA folder; a generator's MLM head comes as `heads['mlm']` (the
+  generator is BERT's MLM model with an embedding projection)."""
+  cfg, kind, params = _read(path, config_overrides)
+  return Weights(cfg, params["encoder"], None,
+                 {"mlm": params["mlm"]} if kind == "mlm" else None)
+
+
+_AUTO = {"ElectraForPreTraining": "AutoModelForPreTraining",
+         "ElectraForMaskedLM": "AutoModelForMaskedLM", "ElectraModel": "AutoModel"}
+
+
+def _export_run_model(model: ElectraModel | BertForPreTraining, out_dir: pathlib.Path, *,
+                      vocab=None, pad_id: int | None = None) -> list[Written]:
+  """FAMILY.export of a pre-training run's model (run_gaps found nothing). HF ELECTRA's
+  positions are 0..T-1 whatever the pad id, so `pad_id` is not needed."""
+  del pad_id
+  if isinstance(model, ElectraModel):
+    disc = lambda ids, mask: model.discriminator(ids, mask).hidden_BxTxD
+    outputs = [
+        # The RTD logit per token; a discriminator written without a head: its hidden states.
+        (lambda ids, mask: np.asarray(model.rtd(disc(ids, mask)))) if model.main_head == "rtd"
+        else (lambda ids, mask: np.asarray(disc(ids, mask))),
+        lambda ids, mask: np.asarray(model.gen_mlm(model.generator(ids, mask).hidden_BxTxD,
+                                                   model.token_embed))]
+  else:
+    outputs = [lambda ids, mask: np.asarray(model(ids, mask)[0])]
+  return [Written(folder, arch, _AUTO[arch], fn, tuple(dropped),
+                  "last_hidden_state" if arch == "ElectraModel" else "logits")
+          for (folder, arch, dropped), fn in zip(_export(model, out_dir, vocab), outputs)]
+
+
+def model_config(hf: dict[str, Any], **overrides: Any) -> ModelConfig:
+  """FAMILY.model_config: HF's ElectraConfig default embedding_size (128) where config.json
+  leaves it out."""
+  return hf_config_to_model_config({"embedding_size": 128, **hf}, **overrides)
+
+
+FAMILY = Family(name="ELECTRA", model_types=("electra",), gaps=run_gaps,
+                model_config=model_config, read=read, export=_export_run_model)

@@ -22,6 +22,7 @@ import numpy as np
 from absl import logging
 
 from encoder_jax import paths
+from encoder_jax.convert import load
 from encoder_jax.finetune import backbone as backbone_lib
 from encoder_jax.finetune import metrics as metrics_lib
 from encoder_jax.finetune import tasks as tasks_lib
@@ -34,33 +35,36 @@ from encoder_jax.train import sharding
 
 
 def _random_config(config) -> tuple[ModelConfig, str | None]:
-  """The shape (and vocab, when known) of a random encoder: config.random_like."""
+  """The shape (and vocab, when known) of a random encoder: config.random_like, a size or
+  a source whose exact shape, numerics and vocab to take ('minilm', 'hf:<dir>', 'ckpt:<dir>')."""
   like = config.random_like
   overrides = dict(config.model.to_dict())
-  if like == "minilm" or like.startswith("hf:"):
-    from encoder_jax.data.fetch import minilm_dir
-    path = minilm_dir(config.cache_dir or None) if like == "minilm" else like[3:]
-    return backbone_lib.hf_model_config(path, **overrides), None
-  if like.startswith("ckpt:"):  # the exact shape, numerics and vocab of a pre-training run
-    like_bb = backbone_lib.load_pretraining_checkpoint(like[5:], **overrides)
-    return like_bb.cfg, like_bb.vocab
   if like in SIZES:
     return ModelConfig(**{**SIZES[like], **overrides}), None
+  if like == "minilm" or like.startswith(("hf:", "ckpt:")):
+    return load.backbone_config(like, overrides, config.cache_dir or None)
   raise ValueError(f"random_like={like!r}; use 'minilm', 'hf:<dir>', 'ckpt:<dir>' or a size "
                    f"{sorted(SIZES)}.")
 
 
-def _tokenizer(config, bb: backbone_lib.Backbone):
+def _backbone(config) -> load.Backbone:
+  if config.init == "random":
+    cfg, vocab = _random_config(config)
+    return load.Backbone(cfg, None, None, "random", vocab)
+  return load.load_backbone(config.init, model_overrides=config.model.to_dict(),
+                            cache_dir=config.cache_dir or None)
+
+
+def _tokenizer(config, bb: load.Backbone):
   from encoder_jax.data.builders import resolve_vocab
   from encoder_jax.data.fetch import minilm_vocab
   from encoder_jax.data import tokenizer
-  vocab = config.vocab or bb.vocab  # the flag, else what the pre-training run used
-  if vocab:
-    path = resolve_vocab(vocab, config.cache_dir or None)
-  elif bb.source.startswith("hf:"):
-    path = epath.Path(bb.source[3:])  # its vocab.json + merges.txt, or its vocab.txt
-  else:
-    path = minilm_vocab(config.cache_dir or None)
+  vocab = config.vocab or bb.vocab  # the flag, else what the source was trained with
+  if not vocab and bb.encoder is not None:
+    raise ValueError(f"{bb.source} has no vocab (vocab.txt, or vocab.json + merges.txt) beside "
+                     "its weights; pass the vocab it was trained with (--config.vocab=<file>).")
+  path = resolve_vocab(vocab, config.cache_dir or None) if vocab else minilm_vocab(
+      config.cache_dir or None)
   tok = tokenizer.load(path, lowercase=config.lowercase)
   if tok.vocab_size > bb.cfg.vocab_size:
     raise ValueError(f"vocab {path} has {tok.vocab_size} tokens but the encoder's vocab_size is "
@@ -98,10 +102,7 @@ def finetune_and_evaluate(config, workdir: str) -> dict[str, Any]:
   if config.freeze_encoder and config.layer_decay < 1:
     logging.warning("freeze_encoder makes layer_decay=%s moot (the encoder gets no update)",
                     config.layer_decay)
-  random_cfg, random_vocab = _random_config(config) if config.init == "random" else (None, None)
-  bb = backbone_lib.load_backbone(
-      config.init, model_overrides=config.model.to_dict(), random_config=random_cfg,
-      random_vocab=random_vocab, cache_dir=config.cache_dir or None)
+  bb = _backbone(config)
   logging.info("backbone %s: %d layers, d=%d, vocab %d", bb.source, bb.cfg.num_layers,
                bb.cfg.hidden_size, bb.cfg.vocab_size)
   # The attention path of the fine-tuning step (dropout=False trains in eval mode: no dropout).

@@ -22,7 +22,8 @@ missing or emptied file is reported by step and file instead of restoring silent
 numbers or failing deep inside Orbax; the damaged checkpoint is moved to
 `<directory>_set_aside/<step>` with a `why.txt`, and the run falls back to the newest good one.
 A folder without `checksums.json` (its save never completed, or an older encoder_jax wrote it)
-does not count either.
+does not count either. That rule and `verify` are train/run_dir.py's, which every reader of a
+run folder (export, fine-tuning, init_from) applies too; this writer adds the set-aside.
 
 A failed save (disk full, permissions, a dead file system) is noticed at the next `poll()`,
 its partial temporary folder is removed and `CheckpointSaveError` names the path and the
@@ -35,9 +36,7 @@ survives rotation: the state to go back to after a divergence.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
-import hashlib
 import json
 import threading
 import time
@@ -50,13 +49,12 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from encoder_jax import paths
+# The reading half (verify, the rule for which checkpoint counts) is run_dir's, shared with
+# every reader of a run folder; checkpoint.verify names the same function.
+from encoder_jax.train.run_dir import (CHECKSUMS, CheckpointError, hash_all, newest_good,
+                                       verify)  # noqa: F401
 
-CHECKSUMS = "checksums.json"
 _TMP_MARK = ".orbax-checkpoint-tmp"  # Orbax's suffix for a step folder still being written
-
-
-class CheckpointError(ValueError):
-  """A checkpoint that cannot be used (damaged, or not matching the run); names step and file."""
 
 
 class CheckpointSaveError(OSError):
@@ -66,25 +64,9 @@ class CheckpointSaveError(OSError):
 # ------------------------------------------------------------------------------ checksums
 
 
-def _sha256(path: epath.Path) -> str:
-  # Not hashlib.file_digest: it needs readinto(), which tf.io.gfile's files (what epath opens
-  # gs:// with wherever TensorFlow is importable) do not have.
-  h = hashlib.sha256()
-  with path.open("rb") as f:
-    while chunk := f.read(1 << 22):
-      h.update(chunk)
-  return h.hexdigest()
-
-
 def _files(step_dir: epath.Path) -> list[str]:
   """Every file under `step_dir` (relative, sorted), the checksum file itself excluded."""
   return [rel for rel in paths.files_under(step_dir) if rel != CHECKSUMS]
-
-
-def _hash_all(step_dir: epath.Path, rels: Sequence[str]) -> list[str]:
-  # hashlib releases the GIL on large buffers: a few threads hash several files at once.
-  with concurrent.futures.ThreadPoolExecutor(4) as pool:
-    return list(pool.map(lambda rel: _sha256(step_dir / rel), rels))
 
 
 def seal(step_dir: str | epath.PathLike) -> dict[str, dict]:
@@ -92,37 +74,10 @@ def seal(step_dir: str | epath.PathLike) -> dict[str, dict]:
   step_dir = epath.Path(step_dir)
   rels = _files(step_dir)
   sums = {rel: {"size": (step_dir / rel).stat().length, "sha256": digest}
-          for rel, digest in zip(rels, _hash_all(step_dir, rels))}
+          for rel, digest in zip(rels, hash_all(step_dir, rels))}
   # Whole or absent: a kill mid-write leaves the step unsealed.
   paths.write_atomic(step_dir / CHECKSUMS, json.dumps({"files": sums}, indent=1, sort_keys=True))
   return sums
-
-
-def verify(step_dir: str | epath.PathLike) -> str | None:
-  """None if every file of the step folder matches its checksum, else what is wrong (a line)."""
-  step_dir = epath.Path(step_dir)
-  try:
-    sums = json.loads((step_dir / CHECKSUMS).read_text())["files"]
-  except FileNotFoundError:
-    return f"no {CHECKSUMS} (its save never completed, or an older encoder_jax wrote it)"
-  except (ValueError, KeyError, TypeError) as e:
-    return f"{CHECKSUMS} is unreadable ({type(e).__name__}: {e})"
-  problems = []
-  for rel, want in sorted(sums.items()):
-    path = step_dir / rel
-    if not path.exists():
-      problems.append(f"{rel} is missing")
-    elif (size := path.stat().length) != want["size"]:
-      problems.append(f"{rel} has {size} bytes, {want['size']} were written (truncated or "
-                      "overwritten)")
-  if not problems:
-    for rel, got in zip(sorted(sums), _hash_all(step_dir, sorted(sums))):
-      if got != sums[rel]["sha256"]:
-        problems.append(f"{rel} does not match its sha256 (changed bytes)")
-  if not problems:
-    return None
-  more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
-  return problems[0] + more
 
 
 # ------------------------------------------------------------------------------ the manager
@@ -307,21 +262,20 @@ class Checkpointer:
 
   def newest_good(self, *, below: int | None = None,
                   report: Callable[[str], None] = print) -> int | None:
-    """The newest step whose files verify (optionally < `below`); damaged ones set aside.
+    """The newest step whose files verify (optionally < `below`): run_dir.newest_good, the
+    rule every reader applies, with this writer's part added: damaged ones are set aside.
 
     Process 0 verifies and moves folders; the others receive its answer.
     """
     choice = -1
     if self._primary:
-      for step in sorted(self.manager.all_steps(), reverse=True):
-        if below is not None and step >= below:
-          continue
-        problem = verify(self.step_dir(step))
-        if problem is None:
-          choice = step
-          break
+      def set_aside(step: int, problem: str) -> None:
         aside = self._move_aside(step, f"checkpoint {step}: {problem}")
         report(f"checkpoint {step} is damaged: {problem}; moved to {aside}")
+
+      found = newest_good(self.directory, self.manager.all_steps(), below=below,
+                          on_damaged=set_aside)
+      choice = -1 if found is None else found
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
       choice = int(multihost_utils.broadcast_one_to_all(np.int32(choice)))

@@ -5,8 +5,10 @@
       and NSP heads, ELECTRA's generator): BERT's phase 2 (configs/pretrain.py:...,phase=2),
       or a longer run from a shorter one;
   --config.init_from=<HF folder> | minilm
-      the encoder (and BERT's pooler) of a HF BERT or ELECTRA checkpoint, e.g. continued
-      pre-training of all-MiniLM-L6-v2 (which ships without an MLM head: that head starts
+      the encoder (and BERT's pooler) of a HF folder of any family encoder_jax.convert.load
+      reads (BERT, RoBERTa, ELECTRA), and an MLM run's heads where the folder has them
+      (RobertaForMaskedLM, BertForPreTraining): continued pre-training of RoBERTa with its own
+      LM head, or of all-MiniLM-L6-v2 (which ships without an MLM head: that head starts
       fresh, its decoder tied to the loaded token embedding).
 
 The optimizer state and the schedule start fresh (step 0); only parameters are taken. A workdir
@@ -35,6 +37,9 @@ class Pretrained:
   source: str  # what the user named, for messages
   encoder: dict | None = None  # an Encoder's parameters (HF sources)
   pooler: dict | None = None  # BERT's pooler {'dense': ...}, when the source has one
+  # A HF source's MLM (+ NSP) head where an MLM run keeps it ({'mlm': ..., 'nsp': ...}): a
+  # RobertaForMaskedLM or BertForPreTraining folder continues pre-training with its head.
+  heads: dict | None = None
   full: dict | None = None  # every parameter of an encoder_jax pre-training run
   vocab: str | None = None  # the vocab.txt the parameters were trained with, when known
 
@@ -50,14 +55,47 @@ def source_tree(pre: Pretrained, is_electra: bool) -> dict:
   if pre.full is not None:
     return pre.full
   enc_at, pool_at = ENCODER_PATHS["electra" if is_electra else "mlm"]
-  return traverse_util.unflatten_dict(
+  tree = traverse_util.unflatten_dict(
       {at: sub for at, sub in ((enc_at, pre.encoder), (pool_at, pre.pooler)) if sub is not None})
+  # An ELECTRA run's heads are other modules (generator, RTD): a HF MLM head has no place there.
+  return {**tree, **(pre.heads or {})} if not is_electra else tree
+
+
+def match_layers(source: Any, fresh: Any) -> Any:
+  """`source` with each encoder's `blocks` in `fresh`'s layout: scanned (one [L, ...] array
+  per parameter) or unrolled (one subtree per layer; model.scan_layers). A run on a CPU
+  (unrolled) then starts from a TPU run's checkpoint or a HF folder read scanned, and back."""
+  if not isinstance(source, dict) or not isinstance(fresh, dict):
+    return source
+  by_name = {str(k): v for k, v in fresh.items()}
+  out = {}
+  for key, sub in source.items():
+    like = by_name.get(str(key))
+    if str(key) == "blocks" and isinstance(sub, dict) and isinstance(like, dict):
+      sub = _blocks_like(sub, like)
+    out[key] = match_layers(sub, like)
+  return out
+
+
+def _unrolled(blocks: dict) -> bool:
+  return all(str(k).isdigit() for k in blocks)
+
+
+def _blocks_like(src: dict, like: dict) -> dict:
+  if _unrolled(src) and not _unrolled(like):
+    layers = [src[k] for k in sorted(src, key=int)]
+    return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *layers)
+  if not _unrolled(src) and _unrolled(like):
+    n = len(jax.tree.leaves(src)[0])
+    return {i: jax.tree.map(lambda x, i=i: np.asarray(x)[i], src) for i in range(n)}
+  return src
 
 
 def merge(fresh: dict, source: dict, what: str) -> tuple[dict, list[str], list[str]]:
   """(fresh with every leaf the source has at the same path, paths taken, paths left fresh).
 
   A leaf at a shared path with another shape is an error naming both shapes."""
+  source = match_layers(source, fresh)
   # Keys as strings: Orbax restores list indices (unrolled blocks) as '0', nnx gives 0.
   src = {tuple(map(str, k)): v for k, v in traverse_util.flatten_dict(source).items()}
   taken, kept, clash = [], [], []

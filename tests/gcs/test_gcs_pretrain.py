@@ -25,8 +25,9 @@ import pytest
 import tensorflow_datasets as tfds
 
 from encoder_jax import paths
-from encoder_jax.convert import export
-from encoder_jax.finetune import backbone, finetune_and_evaluate
+from encoder_jax.convert import export, load
+from encoder_jax.data.builders import resolve_vocab
+from encoder_jax.finetune import finetune_and_evaluate
 from encoder_jax.train import checkpoint, loop, setup
 from loop_helpers import (DOCS, N, ROOT, assert_bitwise_equal, budget_for,
                           eval_rows, restore,
@@ -92,9 +93,10 @@ def test_sigkill_then_resume_from_the_bucket_is_bit_exact(env, straight):
 
 def test_finetune_from_the_gcs_checkpoint(env, straight):
   workdir = straight["workdir"]
-  bb = backbone.load_backbone(f"ckpt:{workdir}")
-  assert bb.source == f"ckpt:{workdir}/checkpoints/{2 * N}/state"
-  assert bb.vocab == straight["config"].data.vocab  # read from the run's gs:// config.json
+  bb = load.load_backbone(f"ckpt:{workdir}")
+  assert bb.source == f"ckpt:{workdir}/checkpoints/{2 * N}"
+  # read from the run's gs:// config.json
+  assert bb.vocab == resolve_vocab(straight["config"].data.vocab)
   state, _, _ = restore(workdir, 2 * N, straight["config"])
   want = jax.tree.leaves(state.params["bert"]["encoder"])
   got = jax.tree.leaves(bb.encoder)
@@ -129,7 +131,8 @@ def test_export_from_the_bucket_to_hf(env, straight, tmp_path):
   with pytest.raises(ValueError, match="export writes a local folder"):
     export.export_run(workdir, f"{env['bucket']}/hf")
   out = tmp_path / "hf"
-  assert export.export_run(workdir, out) == [out]  # the newest checkpoint: 2N
+  written = export.export_run(workdir, out)  # the newest checkpoint: 2N
+  assert [(w.folder, w.auto_class) for w in written] == [(out, "AutoModelForMaskedLM")]
   hf, info = transformers.AutoModelForMaskedLM.from_pretrained(out, local_files_only=True,
                                                                output_loading_info=True)
   assert type(hf).__name__ == "BertForMaskedLM"  # tiny_config: no NSP
@@ -168,9 +171,10 @@ def test_export_skips_or_refuses_a_damaged_checkpoint(env, straight, tmp_path):
   proc = subprocess.run([sys.executable, "-m", "encoder_jax.convert.export", f"--workdir={run}",
                          f"--out={out}"], cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert (f"export: skipping damaged checkpoint {2 * N} in {run}/checkpoints: {victim} does "
-          "not match its sha256") in proc.stderr, proc.stderr[-3000:]
-  assert f"export: exporting checkpoint {N}," in proc.stderr and f"wrote {out}" in proc.stdout
+  assert (f"export: skipping checkpoint {2 * N} in {run}/checkpoints: {victim} does "
+          "not match its sha256") in proc.stdout, proc.stdout[-3000:]
+  assert f"export: restoring checkpoint {N} " in proc.stdout
+  assert f"export: wrote {out}: BertForMaskedLM" in proc.stdout
   from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
   exported = load_file(out / "model.safetensors")["bert.embeddings.word_embeddings.weight"]
   token = lambda step: np.asarray(jax.tree.leaves(restore(src, step, straight["config"])[0]

@@ -1,6 +1,7 @@
 """config.init_from: a new pre-training run starts from a run's parameters (all of them, heads
-included; BERT's phase 2) or from a HF encoder (continued pre-training of all-MiniLM-L6-v2),
-with a fresh optimizer and schedule; mismatched vocab or shapes are refused naming both."""
+included; BERT's phase 2) or from a HF folder (continued pre-training of RoBERTa with its LM
+head, of all-MiniLM-L6-v2's encoder), with a fresh optimizer and schedule; mismatched vocab
+or shapes are refused naming both."""
 import dataclasses
 
 import jax
@@ -9,8 +10,8 @@ import pytest
 from flax import nnx
 
 from configs import pretrain as pretrain_config
+from encoder_jax.convert import load
 from encoder_jax.data import fetch
-from encoder_jax.finetune import backbone
 from encoder_jax.pretrain import load_pretrained, pretrain
 from encoder_jax.train import init_from, loop, setup
 
@@ -28,6 +29,20 @@ def test_merge_takes_shared_paths_and_refuses_other_shapes():
     init_from.merge(fresh, {"a": {"w": np.ones((3, 3))}}, "src")
   with pytest.raises(ValueError, match="none of its parameters"):
     init_from.merge(fresh, {"q": np.ones(1)}, "src")
+
+
+def test_layers_are_taken_in_the_run_s_layout():
+  """A source read scanned ([L, ...] per parameter) into an unrolled run and back."""
+  per_layer = [{"w": np.full((2,), i, np.float32)} for i in range(3)]
+  unrolled = {"enc": {"blocks": dict(enumerate(per_layer)), "emb": np.ones(2)}}
+  scanned = {"enc": {"blocks": {"w": np.stack([x["w"] for x in per_layer])},
+                     "emb": np.ones(2)}}
+  merged, taken, kept = init_from.merge(jax.tree.map(np.zeros_like, unrolled), scanned, "s")
+  assert not kept and len(taken) == 4
+  jax.tree.map(np.testing.assert_array_equal, merged, unrolled)
+  merged, _, kept = init_from.merge(jax.tree.map(np.zeros_like, scanned), unrolled, "s")
+  assert not kept
+  jax.tree.map(np.testing.assert_array_equal, merged, scanned)
 
 
 def test_an_encoder_goes_where_each_objective_keeps_it():
@@ -98,6 +113,53 @@ def test_mismatched_shape_vocab_or_model_is_refused_naming_both(env, phase1, tmp
     loop.start_state(setup.build(electra))
 
 
+def test_a_roberta_folder_continues_pre_training_with_its_lm_head(env, tmp_path):
+  """init_from=<a RobertaForMaskedLM folder> (a random one of the run's shape, from a
+  RobertaConfig; the run's BERT vocab, whose pad id 0 HF's positions count from): its encoder
+  and its LM head are the run's step-0 parameters, read here from the torch model itself
+  (our position 0 is HF's row pad + 1), and the run trains on from them."""
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  config = H.tiny_config(env, steps=2, eval_every=0)
+  config.model.update(dict(type_vocab_size=1, layer_norm_eps=1e-5))
+  m = config.model
+  torch.manual_seed(0)
+  hf = transformers.RobertaForMaskedLM(transformers.RobertaConfig(
+      vocab_size=30522, hidden_size=m.hidden_size, num_hidden_layers=m.num_layers,
+      num_attention_heads=m.num_heads, intermediate_size=m.ffn_size,
+      max_position_embeddings=m.max_positions + 1, type_vocab_size=1, pad_token_id=0,
+      layer_norm_eps=1e-5))
+  with torch.no_grad():
+    for p in hf.parameters():
+      p.copy_(torch.randn_like(p) * 0.05)
+  folder = tmp_path / "roberta"
+  hf.save_pretrained(folder)
+  (folder / "vocab.txt").write_text(open(fetch.minilm_vocab()).read())
+  config.init_from = str(folder)
+  state = loop.start_state(setup.build(config), None, load_pretrained(str(folder)))
+  assert int(state.step) == 0
+  p = nnx.to_pure_dict(state.params)
+  emb, head = p["bert"]["encoder"]["embeddings"], p["mlm"]
+  # the run's layer layout (unrolled on a CPU), whatever layout the folder was read in
+  blocks = p["bert"]["encoder"]["blocks"]
+  layer0 = blocks[0] if 0 in blocks else jax.tree.map(lambda x: x[0], blocks)
+  t = {k: v.detach().numpy() for k, v in hf.state_dict().items()}
+  d = m.hidden_size
+  for ours, theirs in ((emb["token"]["embedding"], t["roberta.embeddings.word_embeddings.weight"]),
+                       (np.asarray(layer0["attn"]["qkv_kernel"])[:, 0].reshape(d, d),
+                        t["roberta.encoder.layer.0.attention.self.query.weight"].T),
+                       (layer0["ln_ffn"]["scale"],
+                        t["roberta.encoder.layer.0.output.LayerNorm.weight"]),
+                       (emb["position"]["embedding"],
+                        t["roberta.embeddings.position_embeddings.weight"][1:]),
+                       (head["transform"]["kernel"], t["lm_head.dense.weight"].T),
+                       (head["ln"]["scale"], t["lm_head.layer_norm.weight"]),
+                       (head["bias"], t["lm_head.bias"])):
+    np.testing.assert_array_equal(np.asarray(ours), theirs)
+  summary = pretrain(config, str(tmp_path / "run"))
+  assert summary["steps"] == 2 and summary["resumed_from"] is None
+
+
 def test_phase_2_config_is_berts_seq_512_phase_and_needs_a_phase_1_run():
   c = pretrain_config.get_config("size=base,phase=2")
   assert (c.phase, c.data.max_length, c.train.steps, c.optim.warmup_steps) == (2, 512,
@@ -117,7 +179,7 @@ def test_continued_pretraining_of_minilm_starts_far_below_a_random_init(env, tmp
   model ships without one), tied to the loaded token embedding; at a high learning rate (3e-3)
   the fresh head's first updates wreck the loaded encoder (measured: 15.3 nats vs 8.5 random
   after 5 steps), so continued pre-training wants a fine-tuning-sized rate."""
-  hf = backbone.hf_model_config(fetch.minilm_dir())
+  hf = load.hf_model_config(fetch.minilm_dir())
   shape = {f.name: getattr(hf, f.name) for f in dataclasses.fields(hf)
            if f.name in ("hidden_size", "num_layers", "num_heads", "ffn_size", "max_positions",
                          "type_vocab_size", "activation", "layer_norm_eps")}
