@@ -20,7 +20,8 @@ checkpoint N, default the newest whose checksums verify) and writes it as the fi
                                             heads HF has no class for: AutoModel)
                                   <out>/generator: ElectraForMaskedLM AutoModelForMaskedLM
 
-with config.json, model.safetensors, vocab.txt and tokenizer_config.json in each folder (files
+with config.json, model.safetensors, the tokenizer (vocab.txt, or a byte-level BPE's vocab.json
++ merges.txt) and tokenizer_config.json in each folder (files
 readable by all, as any file the user writes), so `transformers.<Auto class>.from_pretrained(
 out)` and `AutoTokenizer.from_pretrained(out)` load it as is. Where transformers and torch are
 installed, export then loads each folder with that class and compares its outputs with ours on
@@ -160,8 +161,8 @@ def export_run(workdir: str | os.PathLike, out: str | os.PathLike, step: int | N
 
 
 def _tokenizer(vocab: str):
-  from encoder_jax.data.tokenizer import WordPieceTokenizer  # pylint: disable=g-import-not-at-top
-  return WordPieceTokenizer.load(vocab)
+  from encoder_jax.data import tokenizer  # pylint: disable=g-import-not-at-top
+  return tokenizer.load(vocab)
 
 
 def reload_check(written: list[Written], tok, max_positions: int,

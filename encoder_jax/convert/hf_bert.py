@@ -367,7 +367,7 @@ def write_hf_folder(out_dir: str | os.PathLike, hf_cfg: dict[str, Any],
                     tensors: dict[str, np.ndarray], *,
                     vocab: str | os.PathLike | None = None,
                     tokenizer: dict[str, Any] | None = None) -> None:
-  """config.json + model.safetensors (fp32) [+ vocab.txt + tokenizer_config.json], each file
+  """config.json + model.safetensors (fp32) [+ the tokenizer's files: `tokenizer_files`], each file
   written to a temporary in `out_dir` and renamed: a crash never leaves a half file. Files get
   the mode a newly created file gets (0644 under the usual umask 022), where safetensors alone
   leaves model.safetensors readable by its owner only. `tokenizer`: entries to add to
@@ -375,13 +375,7 @@ def write_hf_folder(out_dir: str | os.PathLike, hf_cfg: dict[str, Any],
   tensors = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()}
   files = {"config.json": json.dumps(hf_cfg, indent=2) + "\n"}
   if vocab is not None:
-    files["vocab.txt"] = epath.Path(vocab).read_text(encoding="utf-8")  # local or gs://
-    # encoder_jax's WordPiece pipeline is BERT's uncased one (lowercase + strip accents).
-    files["tokenizer_config.json"] = json.dumps({
-        "tokenizer_class": "BertTokenizer", "do_lower_case": True,
-        "model_max_length": hf_cfg["max_position_embeddings"], "unk_token": "[UNK]",
-        "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
-        "mask_token": "[MASK]", **(tokenizer or {})}, indent=2) + "\n"
+    files |= tokenizer_files(vocab, hf_cfg["max_position_embeddings"], tokenizer or {})
   out_dir = pathlib.Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   mode = 0o666 & ~_umask()
@@ -392,6 +386,30 @@ def write_hf_folder(out_dir: str | os.PathLike, hf_cfg: dict[str, Any],
     for name in ("model.safetensors", *files):
       os.chmod(os.path.join(tmp, name), mode)
       os.replace(os.path.join(tmp, name), out_dir / name)
+
+
+def tokenizer_files(vocab: str | os.PathLike, max_length: int,
+                    extra: dict[str, Any]) -> dict[str, str]:
+  """The run's tokenizer as a HF folder holds it, name -> text. A WordPiece vocab.txt: BERT's
+  uncased pipeline (BertTokenizer, lowercase + strip accents). A byte-level BPE vocab.json
+  (merges.txt beside it): RoBERTa's (RobertaTokenizer, no prefix space, <s> </s> <pad> <unk>
+  <mask>), which AutoTokenizer builds with the ids encoder_jax gives. `extra`: entries added to
+  tokenizer_config.json. Read through epath: local or gs://."""
+  vocab = epath.Path(vocab)
+  if vocab.name == "vocab.json":
+    return {"vocab.json": vocab.read_text(encoding="utf-8"),
+            "merges.txt": (vocab.parent / "merges.txt").read_text(encoding="utf-8"),
+            "tokenizer_config.json": json.dumps({
+                "tokenizer_class": "RobertaTokenizer", "add_prefix_space": False,
+                "model_max_length": max_length, "bos_token": "<s>", "eos_token": "</s>",
+                "cls_token": "<s>", "sep_token": "</s>", "unk_token": "<unk>",
+                "pad_token": "<pad>", "mask_token": "<mask>", **extra}, indent=2) + "\n"}
+  return {"vocab.txt": vocab.read_text(encoding="utf-8"),
+          "tokenizer_config.json": json.dumps({
+              "tokenizer_class": "BertTokenizer", "do_lower_case": True,
+              "model_max_length": max_length, "unk_token": "[UNK]", "sep_token": "[SEP]",
+              "pad_token": "[PAD]", "cls_token": "[CLS]", "mask_token": "[MASK]", **extra},
+              indent=2) + "\n"}
 
 
 def _umask() -> int:

@@ -123,7 +123,7 @@ def resolve_numerics(dtype: str, backend: str | None = None) -> str:
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int,
-                 backend: str | None = None) -> ModelConfig:
+                 backend: str | None = None, pad_id: int | None = None) -> ModelConfig:
   """The frozen ModelConfig of `config.model`, with the tokenizer's vocabulary size and every
   "auto" resolved for `backend` (default: JAX's): the layer layout (`resolve_layers`), the
   compute dtype (`resolve_numerics`), and -- through ModelConfig.platform -- the attention path
@@ -140,6 +140,8 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int,
     logging.info("model.vocab_size=%s replaced by the tokenizer's %d", d["vocab_size"],
                  vocab_size)
   d["vocab_size"] = vocab_size
+  if pad_id is not None:  # the tokenizer's: 0 for BERT's WordPiece, 1 for RoBERTa's BPE
+    d["pad_token_id"] = pad_id
   cfg = ModelConfig.from_dict(d)
   if config.data.max_length > cfg.max_positions:
     raise ValueError(f"data.max_length={config.data.max_length} exceeds model.max_positions="
@@ -346,7 +348,7 @@ def build(config: ml_collections.ConfigDict, backend: str | None = None) -> Setu
   check_train_config(config)
   # The same (cached) tokenizer the loaders use: tokenizer.load builds it once.
   tok = tokenizer.load(resolve_vocab(config.data.vocab, config.data.cache_dir or None))
-  model_cfg = model_config(config, tok.vocab_size, backend)
+  model_cfg = model_config(config, tok.vocab_size, backend, tok.pad_id)
   obj = objective_config(config, tok)
   gen_cfg = obj.generator_config(model_cfg)
   B, T = config.data.batch_size, config.data.max_length

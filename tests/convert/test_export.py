@@ -30,6 +30,7 @@ from loop_helpers import tiny_config  # noqa: E402
 from encoder_jax.convert import export  # noqa: E402
 from encoder_jax.convert import load_hf_bert, load_hf_electra_pair  # noqa: E402
 from encoder_jax.convert.hf_bert import _pure_params  # noqa: E402
+from encoder_jax.data import tokenizer  # noqa: E402
 from encoder_jax.data.tokenizer import WordPieceTokenizer  # noqa: E402
 from encoder_jax.train import loop, setup  # noqa: E402
 from encoder_jax.train.run_dir import RunDir  # noqa: E402
@@ -45,8 +46,9 @@ def env(tmp_path_factory):
   return loop_helpers.make_env(tmp_path_factory.mktemp("export_env"))
 
 
-def _train(env, workdir, objective="mlm", **model):
+def _train(env, workdir, objective="mlm", vocab="minilm", **model):
   config = tiny_config(env, steps=2, checkpoint_every=1, eval_every=0)
+  config.data.vocab = vocab
   # No dropout: the explicit attention path would double the step's compile time.
   config.model.update(dict(hidden_dropout=0.0, attention_dropout=0.0, **model))
   config.objective.objective = objective
@@ -199,19 +201,25 @@ def test_export_refuses_what_it_cannot_do(mlm_run, tmp_path):
     export.export_run(tmp_path, tmp_path / "b")
 
 
-def test_a_roberta_shaped_run_exports_as_roberta_and_reloads_with_its_logits(env, tmp_path):
+@pytest.mark.parametrize("vocab, pad, tokenizer_file", [("minilm", 0, "vocab.txt"),
+                                                        ("demo-bpe:512", 1, "vocab.json")])
+def test_a_roberta_shaped_run_exports_as_roberta_and_reloads_with_its_logits(
+    env, tmp_path, vocab, pad, tokenizer_file):
   """A run of RoBERTa's shape (MLM alone, one token type, learned positions, post-LN):
   RobertaForMaskedLM, whose position table is ours below HF's padding rows; transformers
-  computes the run's logits, and AutoTokenizer reads the run's WordPiece vocab."""
-  workdir = _train(env, tmp_path / "run", type_vocab_size=1, layer_norm_eps=1e-5)
+  computes the run's logits, and AutoTokenizer reads the run's vocab, BERT's WordPiece or a
+  byte-level BPE (RobertaTokenizer from vocab.json + merges.txt), with encoder_jax's ids."""
+  workdir = _train(env, tmp_path / "run", vocab=vocab, type_vocab_size=1, layer_norm_eps=1e-5)
   out = tmp_path / "hf"
   written = export.export_run(workdir, out, check=False)
   assert [(w.hf_class, w.auto_class) for w in written] == [("RobertaForMaskedLM",
                                                             "AutoModelForMaskedLM")]
+  assert (out / tokenizer_file).is_file()
   hf_cfg = json.loads((out / "config.json").read_text())
-  # the WordPiece vocab pads with 0: HF counts positions from there
+  # HF counts positions from the pad id: 0 in BERT's WordPiece, 1 in RoBERTa's BPE
   assert (hf_cfg["model_type"], hf_cfg["pad_token_id"], hf_cfg["max_position_embeddings"],
-          hf_cfg["type_vocab_size"], hf_cfg["layer_norm_eps"]) == ("roberta", 0, 33, 1, 1e-5)
+          hf_cfg["type_vocab_size"], hf_cfg["layer_norm_eps"]) == ("roberta", pad, 32 + pad + 1,
+                                                                  1, 1e-5)
   hf, info = transformers.AutoModelForMaskedLM.from_pretrained(out, local_files_only=True,
                                                                output_loading_info=True)
   assert type(hf).__name__ == "RobertaForMaskedLM"
@@ -220,8 +228,7 @@ def test_a_roberta_shaped_run_exports_as_roberta_and_reloads_with_its_logits(env
   theirs = hf_tok(TEXTS, padding="max_length", max_length=16, truncation=True,
                   return_tensors="np")
   assert "token_type_ids" not in theirs  # RoBERTa has one type
-  ours_rows = WordPieceTokenizer.from_vocab(out / "vocab.txt").batch_encode_pairs(
-      TEXTS, max_length=16)
+  ours_rows = tokenizer.load(out / tokenizer_file).batch_encode_pairs(TEXTS, max_length=16)
   np.testing.assert_array_equal(theirs["input_ids"], ours_rows["input_ids"])
   mask = ours_rows["mask"].astype(bool)
   with torch.no_grad():
