@@ -271,6 +271,8 @@ def roberta(config: ml_collections.ConfigDict, args: dict[str, str]) -> None:
       warm-up steps (base), 4e-4 with 30k (large, size=large), linear decay to 0.
     * dropout 0.1 on hidden states and attention probabilities (the `bert` dropout preset).
     * no gradient clipping (Table 9's 0.0; fairseq's RoBERTa config has clip_norm 0).
+    * one token type (RoBERTa drops BERT's segment embedding: its released config has
+      type_vocab_size 1), so a run exports as transformers' RobertaForMaskedLM.
   """
   if args["runlocal"] == "True":
     raise ValueError("recipe=roberta and runlocal are two recipes; choose one.")
@@ -283,6 +285,7 @@ def roberta(config: ml_collections.ConfigDict, args: dict[str, str]) -> None:
   large = config.size == "large"
   config.data.update(dict(vocab=f"demo-bpe:{ROBERTA_VOCAB_SIZE}", max_length=512,
                           batch_size=8192, pack=True))
+  config.model.type_vocab_size = 1
   config.objective.update(dict(mask_rate=0.15, masking="dynamic", whole_word=False))
   config.optim.update(dict(learning_rate=4e-4 if large else 6e-4, b1=0.9, b2=0.98, eps=1e-6,
                            weight_decay=0.01, schedule="linear",

@@ -130,7 +130,9 @@ RULES = (
          append=FAST_TRAIN),
     Rule(r"encoder_jax\.finetune\.main .*init=ckpt:runs/x", "64 training rows, one epoch",
          append=FAST_FINETUNE),
-    Rule(r"encoder_jax\.convert\.export --workdir=runs/x", "as shown"),
+    Rule(r"encoder_jax\.convert\.export --workdir=runs/", "as shown"),
+    Rule(r"encoder_jax\.data\.train_vocab --kind=bpe", "as shown"),
+    Rule(r"encoder_jax\.main --mode=pretrain .*recipe=roberta", "a few steps", append=FAST_TRAIN),
     Rule(r"^bash run\.sh tb runs$", "started in the background and asked for the run's "
          "curves over HTTP", replace=lambda c: f"{c} > \"$SANDBOX/tb.log\" 2>&1 & server=$!; "
          "\"$PY\" \"$SANDBOX/tb_check.py\" $TB_PORT x; code=$?; kill $server; exit $code"),

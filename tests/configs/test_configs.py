@@ -159,10 +159,12 @@ def test_roberta_recipe_is_table_9(size, lr, warmup):
       "linear", warmup, 0.0, 0.0)
   assert c.train.steps == 500_000
   assert (c.model.hidden_dropout, c.model.attention_dropout) == (0.1, 0.1)
+  assert (c.model.norm_first, c.model.type_vocab_size) == (False, 1)  # post-LN, no segments
   assert c.data.vocab == "demo-bpe:50265"  # a byte-level BPE of the released 50,265 entries
   assert tokenizer.is_bpe(builders.resolve_vocab("demo-bpe"))  # (the 8,192 one: cheap)
   bert = pretrain.get_config(f"size={size}")  # the default recipe is untouched
   assert (bert.data.vocab, bert.optim.b2, bert.data.pack) == ("minilm", 0.999, False)
+  assert bert.model.type_vocab_size == 2
 
 
 def test_roberta_recipe_refuses_what_roberta_does_not_do():
