@@ -213,18 +213,19 @@ def test_commands_ci_runs_are_in_ci():
 TB_CHECK = """
 import json, sys, time, urllib.request
 port, run = sys.argv[1], sys.argv[2]
-deadline = time.time() + 120
+deadline, seen = time.time() + 300, "no answer"  # (TensorBoard starts slowly on a busy CPU)
 while time.time() < deadline:
   try:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/plugin/scalars/tags") as r:
       tags = json.load(r)
+    seen = sorted(tags)
     if "train/loss" in tags.get(run + "/tensorboard", {}):
       print(f"TensorBoard serves {run}: " + ", ".join(sorted(tags[run + "/tensorboard"])))
       sys.exit(0)
-  except OSError:
-    pass
+  except OSError as e:
+    seen = repr(e)
   time.sleep(0.5)
-sys.exit(f"TensorBoard on port {port} never showed {run}'s train/loss")
+sys.exit(f"TensorBoard on port {port} never showed {run}'s train/loss (last: {seen})")
 """
 
 # The command a `DRY_RUN=1 launch/tpu_pod.sh train` line would run on every worker, rewritten
