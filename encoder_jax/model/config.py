@@ -213,6 +213,29 @@ class ModelConfig:
     return dataclasses.asdict(self)
 
 
+# The block switches, BERT's value of each, and how an error message names a departure.
+_BERT_BLOCK = (
+    ("norm", "layernorm", "RMSNorm (model.norm='rmsnorm')"),
+    ("norm_bias", True, "norms without bias (model.norm_bias=False)"),
+    ("linear_bias", True, "linears without bias (model.linear_bias=False)"),
+    ("glu", False, "a gated FFN (model.glu=True)"),
+    ("learned_positions", True, "no learned position table (model.learned_positions=False)"),
+    ("rope", False, "rotary position embeddings (model.rope=True)"),
+    ("local_window", 0, "sliding-window local attention (model.local_window > 0)"),
+    ("embedding_norm", True, "no norm after the embeddings (model.embedding_norm=False)"),
+    ("first_attn_norm", True, "no attention pre-norm in layer 0 (model.first_attn_norm=False)"),
+)
+
+
+def bert_block_departures(cfg: ModelConfig) -> list[str]:
+  """The block switches `cfg` sets away from BERT's block, one phrase each (empty for BERT's
+  block): what a converter to a BERT-block format (HF BERT, ELECTRA) must refuse, besides
+  pre-LN, ALiBi and the activation, which those formats name themselves."""
+  return [why for name, bert, why in _BERT_BLOCK
+          if getattr(cfg, name) != bert and not (name == "local_window" and all(
+              cfg.global_layers)) and not (name == "norm_bias" and cfg.norm == "rmsnorm")]
+
+
 # ModernBERT's block (Warner et al. 2024, arXiv 2412.13663, section 2.1 and Table 3; HF
 # ModernBertConfig's defaults): pre-norm with a norm after the embeddings that stands in for
 # layer 0's attention pre-norm, LayerNorm without bias (eps 1e-5), no linear biases, GeGLU,

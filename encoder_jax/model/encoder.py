@@ -253,7 +253,8 @@ class Encoder(nnx.Module):
     kinds = cfg.global_layers[first:]
     mixed = len(set(kinds)) > 1
     kinds_L = jnp.asarray(kinds) if mixed else None
-    rngs = None if rngs is None else rngs[first:]
+    if rngs is not None and first:
+      rngs = rngs[first:]
     if mixed:  # the kind is traced: a scanned input
       call = self._remat(type(self.blocks).__call__)
     else:  # one kind: bound statically, as in an unscanned block

@@ -12,7 +12,7 @@ from flax import nnx
 import numpy_reference
 from encoder_jax.model import BertForPreTraining, Encoder, ModelConfig, Seq2Seq
 from encoder_jax.model.attention import KeyMask, MultiHeadAttention, describe_attention
-from encoder_jax.model.config import MODERNBERT_BLOCK
+from encoder_jax.model.config import MODERNBERT_BLOCK, bert_block_departures
 from encoder_jax.model.encoder import packed_positions
 from encoder_jax.model.rotary import apply_rope, rope_angles
 from encoder_jax.objectives import pretraining
@@ -105,6 +105,19 @@ def test_config_refuses_what_cannot_be_built():
     ModelConfig(**BASE, norm="batchnorm")
   assert ModelConfig(**{**BASE, "num_layers": 7}, local_window=8, global_every=3
                      ).global_layers == (True, False, False, True, False, False, True)
+
+
+def test_bert_block_departures_name_every_switch_set():
+  """What a BERT-block converter (HF BERT / ELECTRA) must refuse: nothing for BERT's block,
+  each switch of every config above, and no window whose layers are all global."""
+  assert bert_block_departures(ModelConfig()) == []
+  assert bert_block_departures(ModelConfig(**BASE, local_window=8, global_every=1)) == []
+  assert len(bert_block_departures(ModelConfig(**{**BASE, **MODERNBERT_SMALL}))) == 7
+  for name, switches in SWITCHES.items():
+    found = bert_block_departures(ModelConfig(**{**BASE, **switches}))
+    assert len(found) == len({k for k in switches if k in (
+        "norm", "norm_bias", "linear_bias", "glu", "learned_positions", "rope",
+        "local_window", "embedding_norm", "first_attn_norm")}), (name, found)
 
 
 def test_rope_rotates_pairs_as_the_paper_and_keeps_logits_relative():
