@@ -29,17 +29,25 @@ BIASED = dict(attention_bias=True, mlp_bias=True, classifier_bias=True, norm_bia
               hidden_activation="silu", classifier_activation="silu")  # SwiGLU, all biases
 
 
-def _hf_mlm(seed=0, attn="eager", **extra):
-  """ModernBertForMaskedLM with random weights; norms, biases and the decoder bias moved off
-  their init values (ones / zeros), so a missing or swapped one shows."""
-  torch.manual_seed(seed)
-  cfg = transformers.ModernBertConfig(**{**SMALL_HF, **extra}, attn_implementation=attn)
-  model = transformers.ModernBertForMaskedLM(cfg).eval()
+def _perturb(model, qk_scale):
+  """Norms, biases and the decoder bias moved off their init values (ones / zeros), so a
+  missing or swapped one shows; Wqkv scaled up, so that attention logits are O(1) and
+  positions (RoPE's theta) change the outputs by far more than the tolerance (HF's init,
+  std 0.02, leaves a small model's attention nearly uniform)."""
   with torch.no_grad():
     for name, p in model.named_parameters():
       if "norm" in name or name.endswith("bias"):
         p.add_(0.1 * torch.randn_like(p))
+      if "Wqkv.weight" in name:
+        p.mul_(qk_scale)
   return model
+
+
+def _hf_mlm(seed=0, attn="eager", **extra):
+  """ModernBertForMaskedLM with random weights (`_perturb`)."""
+  torch.manual_seed(seed)
+  cfg = transformers.ModernBertConfig(**{**SMALL_HF, **extra}, attn_implementation=attn)
+  return _perturb(transformers.ModernBertForMaskedLM(cfg).eval(), 8.0)
 
 
 def _inputs(t=64, seed=0):
@@ -124,10 +132,7 @@ def test_modernbert_base_matches_transformers(tmp_path):
   torch.manual_seed(0)
   hf = transformers.ModernBertForMaskedLM(transformers.ModernBertConfig(
       attn_implementation="sdpa", pad_token_id=0)).eval()
-  with torch.no_grad():
-    for name, p in hf.named_parameters():
-      if "norm" in name:
-        p.add_(0.1 * torch.randn_like(p))
+  _perturb(hf, 3.0)
   hf.save_pretrained(tmp_path)
   rng = np.random.default_rng(0)
   ids = rng.integers(3, 50368, (2, 300))

@@ -246,3 +246,23 @@ def test_explicit_pallas_refuses_local_layers():
     mha(x, keys, positions_BxT=pos, is_global=False)
   with pytest.raises(ValueError, match="local layer's window"):
     jax.jit(lambda g: mha(x, keys, positions_BxT=pos, is_global=g))(jnp.bool_(True))
+
+
+def test_cudnn_takes_the_window_in_its_mask(monkeypatch):
+  """On a GPU in bf16 "auto" asks cuDNN, with the window as part of its mask in local layers
+  (what the call is asked is checked here; on this CPU cuDNN then declines and XLA runs)."""
+  cfg = ModelConfig(**{**BASE, **MODERNBERT_SMALL, "num_layers": 2, "global_every": 2,
+                       "dtype": "bfloat16", "platform": "gpu"})
+  masks, real = [], jax.nn.dot_product_attention
+
+  def spy(*args, implementation=None, mask=None, **kwargs):
+    if implementation == "cudnn":
+      masks.append(np.asarray(mask[0, 0]))
+    return real(*args, implementation=implementation, mask=mask, **kwargs)
+
+  monkeypatch.setattr(jax.nn, "dot_product_attention", spy)
+  Encoder(cfg, rngs=nnx.Rngs(0))(jnp.arange(1, 13)[None])  # eager: the masks are concrete
+  near = np.abs(np.arange(12)[:, None] - np.arange(12)[None, :]) <= 2
+  assert len(masks) == 2
+  np.testing.assert_array_equal(masks[0], np.ones((12, 12), bool))  # layer 0: global
+  np.testing.assert_array_equal(masks[1], near)  # layer 1: |i - j| <= local_window // 2
