@@ -294,15 +294,19 @@ def load(path: str | os.PathLike, *, mlm: bool | None = None, **config_overrides
          ) -> tuple[BertModel | BertForPreTraining, ModelConfig]:
   """A HF ModernBERT folder (config.json + model.safetensors) as (our model, its ModelConfig),
   in eval mode: BertForPreTraining(nsp=False) with the MLM head (`mlm`; default: whether the
-  folder has one), else BertModel(pooler=False). `config_overrides` change numerics, not
-  shapes (scan_layers=False, dtype="bfloat16", attention_impl=..., ...)."""
+  folder is a ModernBertForMaskedLM), else BertModel(pooler=False), which also takes the
+  encoder of a fine-tuned ModernBERT (its task head is logged as unused).
+  `config_overrides` change numerics, not shapes (scan_layers=False, dtype="bfloat16",
+  attention_impl=..., ...)."""
   hf_cfg, tensors = read_hf_folder(path)
   if hf_cfg.get("model_type") != "modernbert":
     raise ValueError(f"{path}/config.json has model_type={hf_cfg.get('model_type')!r}, not "
                      "'modernbert'; load BERT and ELECTRA folders with load_hf_bert / "
                      "load_hf_electra.")
   cfg = hf_config_to_model_config(hf_cfg, **config_overrides)
-  mlm = any(k.startswith("head.") for k in tensors) if mlm is None else mlm
+  if mlm is None:  # a fine-tuned classifier also has head.*: the decoder says MLM
+    mlm = ("decoder.bias" in tensors or "decoder.weight" in tensors
+           or "ModernBertForMaskedLM" in (hf_cfg.get("architectures") or []))
   params = hf_tensors_to_params(tensors, cfg, mlm=mlm)
   model = nnx.eval_shape(lambda: BertForPreTraining(cfg, nsp=False, rngs=nnx.Rngs(0)) if mlm
                          else BertModel(cfg, pooler=False, rngs=nnx.Rngs(0)))

@@ -242,3 +242,17 @@ def test_config_import_reads_the_older_hub_keys_as_transformers_does(tmp_path):
          + ["sliding_attention"] * 7}
   with pytest.raises(ValueError, match="not 'every k-th layer global"):
     hf_modernbert.hf_config_to_model_config(odd)
+
+
+def test_a_fine_tuned_classifier_loads_as_its_encoder(tmp_path):
+  """A ModernBertForSequenceClassification folder (head.* and classifier.*, no decoder) is no
+  MLM: its encoder loads as BertModel, the task head is left out."""
+  torch.manual_seed(0)
+  hf = _perturb(transformers.ModernBertForSequenceClassification(transformers.ModernBertConfig(
+      **SMALL_HF, num_labels=3, attn_implementation="eager")).eval(), 8.0)
+  hf.save_pretrained(tmp_path)
+  ours, _ = hf_modernbert.load(tmp_path)
+  assert isinstance(ours, BertModel) and ours.pooler is None
+  ids, mask = _inputs()
+  h_ref, _ = _hf_outputs(hf.model, ids, mask)
+  assert _max_diff(_ours(ours, jnp.asarray(ids), jnp.asarray(mask))[0], h_ref, mask) <= TOL
