@@ -15,13 +15,15 @@ Arguments after ':' are comma-separated key=value pairs (`runlocal` alone means 
              for every value and what to pass for the released tokenizer. size picks base's
              or large's learning rate and warm-up.
   size       tiny | mini | small | medium | base | large | electra-small    (default tiny)
+             | modernbert-base | modernbert-large (ModernBERT's block: pre-LN, GeGLU, RoPE,
+             sliding windows, no biases; encoder_jax.model.config.MODERNBERT_BLOCK)
   objective  mlm | electra | electra_15 | replace_mlm | all_tokens_mlm       (default mlm)
   nsp        none | nsp | sop: the sentence-pair task (needs a pair format)  (default none)
   format     full_sentences | doc_sentences | segment_pair | sentence_pair
              (default full_sentences without a sentence task, segment_pair with one)
   norm       post | pre: post-LN BERT block, or pre-LN with a final LayerNorm (default post;
-             pre with runlocal)
-  dropout    bert | no_attention | none                  (default bert; none with runlocal)
+             pre with runlocal and for the pre-LN sizes, modernbert-*)
+  dropout    bert | no_attention | none     (default bert; none with runlocal and modernbert-*)
              bert: hidden and attention-probability dropout 0.1 (BERT, ELECTRA); dropping
                attention probabilities needs them, so training runs the explicit einsum
                attention, not jax.nn.dot_product_attention;
@@ -105,7 +107,7 @@ def model_config(size: str, norm: str) -> ml_collections.ConfigDict:
   # compile for deep models.
   # Either can be forced: --config.model.scan_layers=True|False,
   # --config.model.remat_policy=none|full|dots|dots_no_batch.
-  fields = ModelConfig(**SIZES[size], norm_first=(norm == "pre")).to_dict()
+  fields = ModelConfig(**{**SIZES[size], "norm_first": norm == "pre"}).to_dict()
   fields.update(scan_layers="auto", remat_policy="auto")
   fields["embedding_size"] = fields["embedding_size"] or 0  # ConfigDict leaves need a type
   return ml_collections.ConfigDict(fields)
@@ -116,9 +118,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                    norm="", dropout="", runlocal="False", precision="",
                    phase="1", recipe="bert")
   recipe = _choice("recipe", args["recipe"], RECIPES)
-  # pre-LN and no dropout are part of the demo recipe (runlocal); BERT's settings otherwise.
-  args["norm"] = args["norm"] or ("pre" if args["runlocal"] == "True" else "post")
-  args["dropout"] = args["dropout"] or ("none" if args["runlocal"] == "True" else "bert")
+  # pre-LN and no dropout are part of the demo recipe (runlocal) and of the sizes whose block
+  # says so (ModernBERT's); BERT's settings otherwise.
+  block = SIZES.get(args["size"], {})
+  local = args["runlocal"] == "True"
+  args["norm"] = args["norm"] or ("pre" if local or block.get("norm_first") else "post")
+  args["dropout"] = args["dropout"] or (
+      "none" if local or block.get("hidden_dropout") == 0.0 else "bert")
   args["precision"] = args["precision"] or "auto"
   hidden_dropout, attention_dropout = DROPOUTS[_choice("dropout", args["dropout"], DROPOUTS)]
   objective = _choice("objective", args["objective"], OBJECTIVES)

@@ -3,6 +3,13 @@
 Which computation runs (the fused `jax.nn.dot_product_attention`, XLA or cuDNN, or the explicit
 einsum path that attention-probability dropout needs) is `attention_path`'s decision.
 
+Per layer the attention may also rotate queries and keys (RoPE, `ModelConfig.rope`) and, in
+a local layer (`ModelConfig.local_window`, `global_layers`), see only keys within the window:
+the window joins the padding / packed-segment mask on every dense path (explicit, XLA, cuDNN),
+so a packed example never sees another through it either. The Pallas TPU kernel takes no window:
+there local layers run XLA ("auto", logged once) and an explicit "pallas" refuses them. RoPE
+acts on q and k before any path, so every path takes it.
+
 Shapes in names: B batch, T query length, S key length, D hidden, N heads, H head dim.
 Masks are boolean, True = may attend.
 """
@@ -20,11 +27,10 @@ from jax.sharding import PartitionSpec as P
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.model.dropout import Dropout
 from encoder_jax.model.matmul import bf16_dots, einsum
+from encoder_jax.model.rotary import apply_rope, rope_angles, select, window_band
+from encoder_jax.model.sublayers import init_normal
 
-
-def init_normal(cfg: ModelConfig):
-  # BERT initialises every weight matrix with a truncated normal of std initializer_range.
-  return nnx.initializers.truncated_normal(stddev=cfg.initializer_range)
+__all__ = ["init_normal"]  # re-exported: the decoder builds its cross-attention with it
 
 
 def param(value: jax.Array, axes: tuple[str | None, ...]) -> nnx.Param:
@@ -174,6 +180,12 @@ def describe_attention(cfg: ModelConfig, backend: str | None = None) -> str:
     line += "; XLA where jax rejects the shapes for cuDNN (a warning says so)"
   if "pallas" in (train, evaluate) and cfg.attention_impl == "auto":
     line += "; XLA where the rows are not a multiple of 128 tokens (a warning says so)"
+    if not all(cfg.global_layers):
+      line += (f"; XLA in the local layers (local_window={cfg.local_window}), which the "
+               "kernel cannot window")
+  if not all(cfg.global_layers):
+    line += (f"; layers {', '.join(str(i) for i, g in enumerate(cfg.global_layers) if g)} "
+             f"global, the others within |i - j| <= {cfg.local_window // 2}")
   return line
 
 
@@ -253,15 +265,21 @@ class MultiHeadAttention(nnx.Module):
     d, n, h = cfg.hidden_size, cfg.num_heads, cfg.head_dim
     self.qkv_kernel = param(init_normal(cfg)(rngs.params(), (d, 3, n, h), cfg.storage_dtype),
                             ("embed", None, "heads", "kv"))
-    self.qkv_bias = param(jnp.zeros((3, n, h), cfg.storage_dtype), (None, "heads", "kv"))
+    self.qkv_bias = (param(jnp.zeros((3, n, h), cfg.storage_dtype), (None, "heads", "kv"))
+                     if cfg.linear_bias else None)
     self._init_output(cfg, rngs)
+    # (global, local) RoPE thetas, or None; the window's half width (0: none).
+    self.rope_thetas = (cfg.rope_theta, cfg.rope_theta_local) if cfg.rope else None
+    self.window = cfg.local_window // 2 if cfg.local_window else 0
 
   def _init_output(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
     """The output projection, the probability dropout and the numerics (CrossAttention's too)."""
     n, h, d = cfg.num_heads, cfg.head_dim, cfg.hidden_size
     self.out_kernel = param(init_normal(cfg)(rngs.params(), (n, h, d), cfg.storage_dtype),
                             ("heads", "kv", "embed"))
-    self.out_bias = param(jnp.zeros((d,), cfg.storage_dtype), ("embed",))
+    self.out_bias = (param(jnp.zeros((d,), cfg.storage_dtype), ("embed",)) if cfg.linear_bias
+                     else None)
+    self.rope_thetas, self.window = None, 0  # self-attention sets its own (cross: none)
     self.dropout = Dropout(cfg.attention_dropout, deterministic=True)
     self.dtype = cfg.compute_dtype
     self.attention_impl = cfg.attention_impl
@@ -271,14 +289,24 @@ class MultiHeadAttention(nnx.Module):
 
   def __call__(self, x_BxTxD: jax.Array, mask_Bx1xTxS: jax.Array | KeyMask, *,
                dropout_rng: jax.Array | None = None,
-               bias_BxNxTxS: jax.Array | AlibiBias | None = None) -> jax.Array:
-    """`mask_Bx1xTxS`: the boolean [B, 1, T, S] mask, or the encoder's factored KeyMask."""
+               bias_BxNxTxS: jax.Array | AlibiBias | None = None,
+               positions_BxT: jax.Array | None = None, is_global=True) -> jax.Array:
+    """`mask_Bx1xTxS`: the boolean [B, 1, T, S] mask, or the encoder's factored KeyMask.
+    `positions_BxT`: the position ids RoPE rotates by (needed with `ModelConfig.rope`).
+    `is_global`: this layer's kind, a Python bool or a traced scalar (a scanned stack): a
+    local layer (False) attends within the window and rotates with the local theta."""
     if isinstance(bias_BxNxTxS, AlibiBias):
       bias_BxNxTxS = bias_BxNxTxS.full()  # here, inside the layer (see AlibiBias)
     qkv_BxTx3xNxH = self._project("btd,dcnh->btcnh", x_BxTxD, self.qkv_kernel, self.qkv_bias)
     q_BxTxNxH, k_BxSxNxH, v_BxSxNxH = (qkv_BxTx3xNxH[:, :, i] for i in range(3))
+    if self.rope_thetas is not None:
+      if positions_BxT is None:
+        raise ValueError("MultiHeadAttention with ModelConfig.rope=True needs positions_BxT.")
+      cos, sin = rope_angles(positions_BxT, q_BxTxNxH.shape[-1], self.rope_thetas, is_global)
+      q_BxTxNxH, k_BxSxNxH = apply_rope(q_BxTxNxH, cos, sin), apply_rope(k_BxSxNxH, cos, sin)
     out_BxTxNxH, mask_Bx1xTxS = self._attend(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS,
-                                             dropout_rng, bias_BxNxTxS)
+                                             dropout_rng, bias_BxNxTxS,
+                                             is_global=True if not self.window else is_global)
     # A query that may see no key at all (a row of pure padding) gets zeros, not an average of
     # padding values: defined, finite, and independent of what the padding holds. (Where the
     # kernel ran, every padding query is zeroed: under it a padding query sees padding.)
@@ -292,20 +320,27 @@ class MultiHeadAttention(nnx.Module):
   def _project(self, spec: str, x, kernel: nnx.Param, bias: nnx.Param) -> jax.Array:
     """einsum(spec, x, kernel) + bias in the compute dtype (on the bf16 path where it applies)."""
     dt = self.dtype
-    return (einsum(spec, x.astype(dt), kernel[...].astype(dt), bf16=self.bf16)
-            + bias[...].astype(dt)[None, None])
+    out = einsum(spec, x.astype(dt), kernel[...].astype(dt), bf16=self.bf16)
+    return out if bias is None else out + bias[...].astype(dt)[None, None]
 
   def _attend(self, q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS, dropout_rng=None,
-              bias_BxNxTxS=None):
+              bias_BxNxTxS=None, *, is_global=True):
     """(softmax(q k^T / sqrt(H) + bias, masked) v, the mask it used) on the path
     `attention_path` picks; each path runs under a named scope "attention_<path>" (visible in
     the jaxpr and the HLO metadata, so tests can see which path a jitted step traced). The
-    mask comes back factored (KeyMask) only where the Pallas kernel ran."""
+    mask comes back factored (KeyMask) only where the Pallas kernel ran. A local layer
+    (`is_global` not True, with a window) sees keys within `self.window` of each query only."""
     dropout_active = not self.dropout.deterministic and self.dropout.rate > 0.0
     path = attention_path(self.attention_impl, self.dtype, dropout_active=dropout_active,
                           backend=self.backend, dot_dtype=self.dot_dtype)
     if path == "pallas":
       why = pallas_unsupported(q_BxTxNxH.shape, k_BxSxNxH.shape, mask_Bx1xTxS)
+      if why is None and is_global is not True:
+        why = (f"a local layer's window (local_window={2 * self.window}) is not a mask the "
+               "kernel takes")
+        if self.attention_impl == "auto" and not isinstance(is_global, bool):
+          return self._pallas_or_windowed(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS,
+                                          bias_BxNxTxS, is_global, why)
       if why is None:
         with jax.named_scope("attention_pallas"):
           return pallas_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS.segments(),
@@ -317,8 +352,34 @@ class MultiHeadAttention(nnx.Module):
       path = "xla"
     if isinstance(mask_Bx1xTxS, KeyMask):
       mask_Bx1xTxS = mask_Bx1xTxS.full()
+    mask_Bx1xTxS = self._windowed(mask_Bx1xTxS, is_global)
     return self._attend_dense(path, q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS, dropout_rng,
                               bias_BxNxTxS), mask_Bx1xTxS
+
+  def _windowed(self, mask_Bx1xTxS: jax.Array, is_global) -> jax.Array:
+    """The mask, restricted to the local window unless the layer is global."""
+    if is_global is True:
+      return mask_Bx1xTxS
+    band_1x1xTxS = window_band(mask_Bx1xTxS.shape[-2], mask_Bx1xTxS.shape[-1], self.window)
+    return mask_Bx1xTxS & select(is_global, True, band_1x1xTxS)
+
+  def _pallas_or_windowed(self, q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, key_mask: KeyMask,
+                          bias_BxNxTxS, is_global, why: str):
+    """In a scanned stack whose kind is traced: the kernel in global layers, XLA with the
+    window in local ones (`lax.cond`, one branch runs). Padding queries are zeroed in both,
+    as under the kernel (the KeyMask comes back)."""
+    _warn_once(f"attention_impl=auto: the Pallas TPU kernel cannot run local layers ({why}); "
+               "they use XLA, global layers the kernel.")
+    def kernel(q, k, v, bias):
+      with jax.named_scope("attention_pallas"):
+        return pallas_attention(q, k, v, key_mask.segments(), bias)
+    def windowed(q, k, v, bias):
+      with jax.named_scope("attention_xla"):
+        return jax.nn.dot_product_attention(q, k, v, bias=bias, implementation="xla",
+                                            mask=self._windowed(key_mask.full(), False))
+    out = jax.lax.cond(is_global, kernel, windowed, q_BxTxNxH, k_BxSxNxH, v_BxSxNxH,
+                       bias_BxNxTxS)
+    return out, key_mask
 
   def _attend_dense(self, path, q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1xTxS, dropout_rng,
                     bias_BxNxTxS):

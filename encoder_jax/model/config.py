@@ -12,7 +12,8 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 
-ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
+ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
+NORMS = ("layernorm", "rmsnorm")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "pallas", "explicit")
 DOT_DTYPES = ("", "bfloat16", "auto")
@@ -96,6 +97,40 @@ class ModelConfig:
   # host (encoder_jax.train.compile_check) traces the TPU's program, not the host's.
   platform: str = ""
 
+  # ---- Block switches. Each is read where its sublayer is built (model/sublayers.py,
+  # attention.py, rotary.py, encoder.py); the defaults are BERT's block, so a config that sets
+  # none of them builds today's parameter tree and computes today's numbers.
+  # The norm of every block, the embeddings and the heads: "layernorm" (Ba et al. 2016) or
+  # "rmsnorm" (Zhang & Sennrich 2019: x / rms(x) * scale, no mean, no bias).
+  norm: str = "layernorm"
+  norm_bias: bool = True  # LayerNorm's additive bias (ModernBERT: False); RMSNorm has none
+  # Biases of the hidden linears: attention QKV and output, FFN, embedding projection, and
+  # the heads' hidden transforms (MLM head, pooler, RTD dense). Layers that output logits
+  # (MLM decoder bias, NSP, RTD, classifiers) keep theirs, as in ModernBERT.
+  linear_bias: bool = True
+  # Gated FFN (Shazeer 2020): act(x W) * (x V) then the output projection, W and V stored as
+  # one [D, 2, F] kernel; activation="gelu" is GeGLU, "silu" SwiGLU. ffn_size is F.
+  glu: bool = False
+  learned_positions: bool = True  # the absolute position table (False: none, e.g. with RoPE)
+  # Rotary position embeddings on queries and keys (Su et al. 2021, RoFormer), in the
+  # rotate-half layout (pairs (i, i + H/2)) of GPT-NeoX / HF; wavelengths from theta, one theta
+  # for global layers and one for local (sliding-window) layers (ModernBERT: 160,000 / 10,000).
+  rope: bool = False
+  rope_theta: float = 10_000.0
+  rope_theta_local: float = 10_000.0
+  # Sliding-window local attention: 0 = every layer global. Otherwise the total window (HF
+  # ModernBertConfig.local_attention): a query sees keys with |i - j| <= local_window // 2, in
+  # every layer but the global ones, which are layer i with i % global_every == 0 (ModernBERT:
+  # 128, i.e. 64 each side, every third layer global starting with layer 0).
+  local_window: int = 0
+  global_every: int = 1
+  embedding_norm: bool = True  # the norm after the embeddings (BERT's embedding LayerNorm)
+  # False: layer 0's attention reads the embedding norm's output as it is, without a pre-norm
+  # of its own (ModernBERT: the stream it would normalise was normalised just before). Needs
+  # norm_first and embedding_norm. With scan_layers, layer 0 is then built outside the stack
+  # (Encoder.first_block) and the stack holds layers 1..L-1.
+  first_attn_norm: bool = True
+
   def __post_init__(self):
     if self.hidden_size % self.num_heads:
       raise ValueError(
@@ -104,7 +139,7 @@ class ModelConfig:
     for name, choices in (("activation", ACTIVATIONS), ("remat_policy", REMAT_POLICIES),
                           ("position_init", POSITION_INITS), ("position_bias", POSITION_BIASES),
                           ("attention_impl", ATTENTION_IMPLS), ("platform", PLATFORMS),
-                          ("dot_dtype", DOT_DTYPES)):
+                          ("dot_dtype", DOT_DTYPES), ("norm", NORMS)):
       if (value := getattr(self, name)) not in choices:
         # platform is set from the backend the run is on (train.setup), not by a flag.
         flag = "" if name == "platform" else f" (--config.model.{name})"
@@ -115,11 +150,34 @@ class ModelConfig:
                  "max_positions"):
       if getattr(self, name) <= 0:
         raise ValueError(f"ModelConfig.{name}={getattr(self, name)} must be positive.")
+    self._check_block_switches()
     for name in ("dtype", "param_dtype"):
       try:
         jnp.dtype(getattr(self, name))
       except TypeError as e:
         raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r} is not a dtype.") from e
+
+  def _check_block_switches(self) -> None:
+    if self.local_window < 0 or self.global_every < 1:
+      raise ValueError(f"ModelConfig.local_window={self.local_window} must be >= 0 (0: global "
+                       f"attention only) and global_every={self.global_every} >= 1.")
+    if self.rope and (self.rope_theta <= 0 or self.rope_theta_local <= 0):
+      raise ValueError(f"ModelConfig.rope_theta={self.rope_theta} and rope_theta_local="
+                       f"{self.rope_theta_local} must be positive.")
+    if self.rope and self.head_dim % 2:
+      raise ValueError(f"ModelConfig.rope=True rotates pairs of head dimensions, but head_dim="
+                       f"{self.head_dim} is odd; choose hidden_size / num_heads even.")
+    if not self.first_attn_norm and not (self.norm_first and self.embedding_norm):
+      raise ValueError("ModelConfig.first_attn_norm=False lets layer 0 read the embedding "
+                       "norm's output in place of its attention pre-norm: it needs "
+                       f"norm_first=True and embedding_norm=True (got norm_first="
+                       f"{self.norm_first}, embedding_norm={self.embedding_norm}).")
+
+  @property
+  def global_layers(self) -> tuple[bool, ...]:
+    """Per layer: True where it attends globally, False where within the local window."""
+    return tuple(self.local_window == 0 or i % self.global_every == 0
+                 for i in range(self.num_layers))
 
   @property
   def head_dim(self) -> int:
@@ -155,7 +213,43 @@ class ModelConfig:
     return dataclasses.asdict(self)
 
 
-# Published sizes (Turc et al. 2019 miniatures, BERT Table 1, ELECTRA Table 6). FFN = 4d.
+# The block switches, BERT's value of each, and how an error message names a departure.
+_BERT_BLOCK = (
+    ("norm", "layernorm", "RMSNorm (model.norm='rmsnorm')"),
+    ("norm_bias", True, "norms without bias (model.norm_bias=False)"),
+    ("linear_bias", True, "linears without bias (model.linear_bias=False)"),
+    ("glu", False, "a gated FFN (model.glu=True)"),
+    ("learned_positions", True, "no learned position table (model.learned_positions=False)"),
+    ("rope", False, "rotary position embeddings (model.rope=True)"),
+    ("local_window", 0, "sliding-window local attention (model.local_window > 0)"),
+    ("embedding_norm", True, "no norm after the embeddings (model.embedding_norm=False)"),
+    ("first_attn_norm", True, "no attention pre-norm in layer 0 (model.first_attn_norm=False)"),
+)
+
+
+def bert_block_departures(cfg: ModelConfig) -> list[str]:
+  """The block switches `cfg` sets away from BERT's block, one phrase each (empty for BERT's
+  block): what a converter to a BERT-block format (HF BERT, ELECTRA) must refuse, besides
+  pre-LN, ALiBi and the activation, which those formats name themselves."""
+  return [why for name, bert, why in _BERT_BLOCK
+          if getattr(cfg, name) != bert and not (name == "local_window" and all(
+              cfg.global_layers)) and not (name == "norm_bias" and cfg.norm == "rmsnorm")]
+
+
+# ModernBERT's block (Warner et al. 2024, arXiv 2412.13663, section 2.1 and Table 3; HF
+# ModernBertConfig's defaults): pre-norm with a norm after the embeddings that stands in for
+# layer 0's attention pre-norm, LayerNorm without bias (eps 1e-5), no linear biases, GeGLU,
+# RoPE (theta 160,000 global / 10,000 local), local attention over 128 tokens in two layers of
+# three (every third global from layer 0), no absolute positions, no token types, 8,192
+# positions, no dropout. The vocabulary is the tokenizer's (ModernBERT's own: 50,368).
+MODERNBERT_BLOCK: dict[str, Any] = dict(
+    norm_first=True, first_attn_norm=False, norm_bias=False, linear_bias=False,
+    layer_norm_eps=1e-5, glu=True, activation="gelu", learned_positions=False, rope=True,
+    rope_theta=160_000.0, rope_theta_local=10_000.0, local_window=128, global_every=3,
+    type_vocab_size=0, max_positions=8192, hidden_dropout=0.0, attention_dropout=0.0)
+
+# Published sizes (Turc et al. 2019 miniatures, BERT Table 1, ELECTRA Table 6; BERT's FFN = 4d;
+# ModernBERT: arXiv 2412.13663 Table 3, GeGLU FFN of 1152 / 2624).
 SIZES: dict[str, dict[str, Any]] = {
     "tiny": dict(num_layers=2, hidden_size=128, num_heads=2, ffn_size=512),
     "mini": dict(num_layers=4, hidden_size=256, num_heads=4, ffn_size=1024),
@@ -165,6 +259,10 @@ SIZES: dict[str, dict[str, Any]] = {
     "large": dict(num_layers=24, hidden_size=1024, num_heads=16, ffn_size=4096),
     "electra-small": dict(num_layers=12, hidden_size=256, num_heads=4, ffn_size=1024,
                           embedding_size=128),
+    "modernbert-base": dict(num_layers=22, hidden_size=768, num_heads=12, ffn_size=1152,
+                            **MODERNBERT_BLOCK),
+    "modernbert-large": dict(num_layers=28, hidden_size=1024, num_heads=16, ffn_size=2624,
+                             **MODERNBERT_BLOCK),
 }
 
 

@@ -20,8 +20,9 @@ from flax import nnx
 from encoder_jax.model.attention import MultiHeadAttention, init_normal, param
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.model.dropout import Dropout, fold_rng
-from encoder_jax.model.encoder import (Embeddings, Encoder, EncoderOutput, activation_fn, dense,
-                                       layer_norm, residual, validate_inputs)
+from encoder_jax.model.encoder import (Embeddings, Encoder, EncoderOutput, dense, layer_norm,
+                                       residual, validate_inputs)
+from encoder_jax.model.sublayers import ffn, ffn_in
 from encoder_jax.model.heads import tied_logits
 
 
@@ -45,7 +46,9 @@ class CrossAttention(MultiHeadAttention):
   self-attention fuses Q, K and V), queries from a [D, N, H] kernel; both sharded on 'heads'.
   The attention itself is MultiHeadAttention's (`attention_path`): `jax.nn.dot_product_attention`
   unless attention-probability dropout is on (explicit fp32 softmax), and a
-  query that may see no memory slot (a row of pure padding) outputs zeros.
+  query that may see no memory slot (a row of pure padding) outputs zeros. No RoPE and no
+  window here: decoder and memory positions are not one axis, so every query sees all of the
+  memory (ModelConfig.rope / local_window act on the decoder's self-attention).
   """
 
   def __init__(self, cfg: ModelConfig, *, memory_size: int | None = None, rngs: nnx.Rngs):
@@ -54,10 +57,11 @@ class CrossAttention(MultiHeadAttention):
     m = memory_size or d
     init, pdt = init_normal(cfg), cfg.storage_dtype
     self.q_kernel = param(init(rngs.params(), (d, n, h), pdt), ("embed", "heads", "kv"))
-    self.q_bias = param(jnp.zeros((n, h), pdt), ("heads", "kv"))
+    self.q_bias = param(jnp.zeros((n, h), pdt), ("heads", "kv")) if cfg.linear_bias else None
     self.kv_kernel = param(init(rngs.params(), (m, 2, n, h), pdt),
                            ("embed", None, "heads", "kv"))
-    self.kv_bias = param(jnp.zeros((2, n, h), pdt), (None, "heads", "kv"))
+    self.kv_bias = (param(jnp.zeros((2, n, h), pdt), (None, "heads", "kv")) if cfg.linear_bias
+                    else None)
     self._init_output(cfg, rngs)
 
   def __call__(self, x_BxTxD: jax.Array, memory: EncoderOutput, *,
@@ -82,30 +86,35 @@ class DecoderBlock(nnx.Module):
   pre-LN (`norm_first=True`):   x = x + Drop(SelfAttn(LN(x)));  x = x + Drop(Cross(LN(x), mem))
                                 x = x + Drop(FFN(LN(x)))
   Equal to torch.nn.TransformerDecoderLayer(norm_first=False|True, activation="gelu") in eval
-  mode (tests/model/test_decoder.py).
+  mode (tests/model/test_decoder.py). The sublayers follow the config's switches as the
+  encoder's Block does (norm, biases, GLU FFN, RoPE and a causal local window in the
+  self-attention); `self_norm` False: no self-attention pre-norm (first_attn_norm).
   """
 
-  def __init__(self, cfg: ModelConfig, *, memory_size: int | None = None, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, *, memory_size: int | None = None, rngs: nnx.Rngs,
+               self_norm: bool = True):
     d, f = cfg.hidden_size, cfg.ffn_size
     self.self_attn = MultiHeadAttention(cfg, rngs=rngs)
-    self.ln_self = layer_norm(cfg, d, rngs=rngs)
+    self.ln_self = layer_norm(cfg, d, rngs=rngs) if self_norm else None
     self.cross_attn = CrossAttention(cfg, memory_size=memory_size, rngs=rngs)
     self.ln_cross = layer_norm(cfg, d, rngs=rngs)
-    self.ffn_in = dense(cfg, d, f, ("embed", "mlp"), rngs=rngs)
+    self.ffn_in = ffn_in(cfg, rngs=rngs)
     self.ffn_out = dense(cfg, f, d, ("mlp", "embed"), rngs=rngs)
     self.ln_ffn = layer_norm(cfg, d, rngs=rngs)
     self.dropout = Dropout(cfg.hidden_dropout, deterministic=True)
     self.norm_first = cfg.norm_first
     self.act = cfg.activation
 
-  def __call__(self, x_BxTxD, self_mask_Bx1xTxT, memory: EncoderOutput, dropout_rng=None):
+  def __call__(self, x_BxTxD, self_mask_Bx1xTxT, memory: EncoderOutput, dropout_rng=None,
+               positions_BxT=None, is_global: bool = True):
     drop = lambda i: lambda y: self.dropout(y, rngs=fold_rng(dropout_rng, i))
-    self_attn = lambda y: self.self_attn(y, self_mask_Bx1xTxT, dropout_rng=fold_rng(dropout_rng, 3))
+    self_attn = lambda y: self.self_attn(y, self_mask_Bx1xTxT, dropout_rng=fold_rng(dropout_rng, 3),
+                                         positions_BxT=positions_BxT, is_global=is_global)
     cross = lambda y: self.cross_attn(y, memory, dropout_rng=fold_rng(dropout_rng, 4))
-    ffn = lambda y: self.ffn_out(activation_fn(self.act)(self.ffn_in(y)))
+    ffn_ = lambda y: ffn(y, self.ffn_in, self.ffn_out, self.act)
     x_BxTxD = residual(x_BxTxD, self_attn, self.ln_self, drop(0), self.norm_first)
     x_BxTxD = residual(x_BxTxD, cross, self.ln_cross, drop(1), self.norm_first)
-    return residual(x_BxTxD, ffn, self.ln_ffn, drop(2), self.norm_first)
+    return residual(x_BxTxD, ffn_, self.ln_ffn, drop(2), self.norm_first)
 
 
 class Decoder(nnx.Module):
@@ -122,8 +131,9 @@ class Decoder(nnx.Module):
                        "embedding_size unset.")
     self.cfg = cfg
     self.embeddings = Embeddings(cfg, rngs=rngs)
-    self.blocks = nnx.List([DecoderBlock(cfg, memory_size=memory_size, rngs=rngs)
-                            for _ in range(cfg.num_layers)])
+    self.blocks = nnx.List([DecoderBlock(cfg, memory_size=memory_size, rngs=rngs,
+                                         self_norm=cfg.first_attn_norm or i > 0)
+                            for i in range(cfg.num_layers)])
     self.final_ln = layer_norm(cfg, cfg.hidden_size, rngs=rngs) if cfg.norm_first else None
 
   def __call__(self, ids_BxT, memory: EncoderOutput, mask_BxT=None, *,
@@ -133,8 +143,10 @@ class Decoder(nnx.Module):
     x_BxTxD = self.embeddings(ids_BxT, types_BxT, positions_BxT,
                               dropout_rng=fold_rng(dropout_rng, 0))
     self_mask_Bx1xTxT = make_causal_mask(mask_BxT)
+    rope_positions_BxT = positions_BxT if self.cfg.rope else None
     for i, block in enumerate(self.blocks):
-      x_BxTxD = block(x_BxTxD, self_mask_Bx1xTxT, memory, fold_rng(dropout_rng, i + 1))
+      x_BxTxD = block(x_BxTxD, self_mask_Bx1xTxT, memory, fold_rng(dropout_rng, i + 1),
+                      rope_positions_BxT, self.cfg.global_layers[i])
     return x_BxTxD if self.final_ln is None else self.final_ln(x_BxTxD)
 
 

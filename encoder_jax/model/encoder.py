@@ -20,45 +20,16 @@ from encoder_jax.model.attention import (AlibiBias, KeyMask, MultiHeadAttention,
                                          make_attention_mask, may_use_pallas)
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.model.dropout import Dropout, fold_rng
-from encoder_jax.model.matmul import bf16_dots, linear_dot_general
+from encoder_jax.model.sublayers import activation_fn, dense, ffn, ffn_in, layer_norm
+
+# Re-exported: heads, the decoder and callers import the sublayer builders from here.
+__all__ = ["activation_fn", "dense", "layer_norm"]
 
 _REMAT = {
     "full": None,  # save nothing, recompute the whole block in the backward pass
     "dots": jax.checkpoint_policies.checkpoint_dots,
     "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
-
-
-def activation_fn(name: str):
-  return {
-      "gelu": lambda x: jax.nn.gelu(x, approximate=False),  # BERT: exact erf GELU
-      "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
-      "relu": jax.nn.relu,
-  }[name]
-
-
-# Parameters carry logical axis names ("embed", "mlp", "heads", ...) as metadata; the trainer maps
-# them to mesh axes with one rules table. Eager sharding (flax >= 0.12) would need a mesh at
-# construction time, so every constructor here turns it off.
-def layer_norm(cfg: ModelConfig, features: int, *, rngs: nnx.Rngs) -> nnx.LayerNorm:
-  with nnx.use_eager_sharding(False):
-    return nnx.LayerNorm(
-        features, epsilon=cfg.layer_norm_eps, dtype=cfg.compute_dtype,
-        param_dtype=cfg.storage_dtype,
-        scale_init=nnx.with_partitioning(nnx.initializers.ones_init(), ("embed",)),
-        bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), ("embed",)), rngs=rngs)
-
-
-def dense(cfg: ModelConfig, din: int, dout: int, axes: tuple[str | None, str | None], *,
-          rngs: nnx.Rngs) -> nnx.Linear:
-  # The dot is chosen here, once: bf16 with fp32 accumulation where bf16_dots says so.
-  dot = (linear_dot_general if bf16_dots(cfg.dot_dtype, cfg.compute_dtype, cfg.backend)
-         else jax.lax.dot_general)
-  with nnx.use_eager_sharding(False):
-    return nnx.Linear(
-        din, dout, dtype=cfg.compute_dtype, param_dtype=cfg.storage_dtype, dot_general=dot,
-        kernel_init=nnx.with_partitioning(init_normal(cfg), axes),
-        bias_init=nnx.with_partitioning(nnx.initializers.zeros_init(), (axes[1],)), rngs=rngs)
 
 
 def sinusoidal_init(std: float):
@@ -80,11 +51,13 @@ def sinusoidal_init(std: float):
 
 
 class Embeddings(nnx.Module):
-  """Token + learned position + segment (token type) embeddings, LayerNorm, dropout.
+  """Token + learned position + segment (token type) embeddings, norm, dropout.
 
+  The position table only with `cfg.learned_positions` (RoPE models have none), the type table
+  only with `cfg.type_vocab_size`, the norm only with `cfg.embedding_norm`.
   Output width is `cfg.embed_size`; when it differs from hidden_size (ELECTRA-small) the
   Encoder owns the projection, so that an ELECTRA generator of another width can share this
-  whole module (token, position and type tables + LayerNorm) with its discriminator.
+  whole module (token, position and type tables + norm) with its discriminator.
   """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -96,22 +69,30 @@ class Embeddings(nnx.Module):
                 else init_normal(cfg))
     with nnx.use_eager_sharding(False):
       self.token = emb(cfg.vocab_size, ("vocab", "embed"))
-      self.position = emb(cfg.max_positions, (None, "embed"), pos_init)
+      self.position = (emb(cfg.max_positions, (None, "embed"), pos_init)
+                       if cfg.learned_positions else None)
       self.token_type = (emb(cfg.type_vocab_size, (None, "embed")) if cfg.type_vocab_size
                          else None)
-    self.ln = layer_norm(cfg, e, rngs=rngs)
+    self.ln = layer_norm(cfg, e, rngs=rngs) if cfg.embedding_norm else None
     self.dropout = Dropout(cfg.hidden_dropout, deterministic=True)
 
   def __call__(self, ids_BxT, token_types_BxT, positions_BxT, *, dropout_rng=None):
-    x_BxTxE = self.token(ids_BxT) + self.position(positions_BxT)
+    x_BxTxE = self.token(ids_BxT)
+    if self.position is not None:
+      x_BxTxE = x_BxTxE + self.position(positions_BxT)
     if self.token_type is not None:
       x_BxTxE = x_BxTxE + self.token_type(token_types_BxT)
-    return self.dropout(self.ln(x_BxTxE), rngs=dropout_rng)
+    if self.ln is not None:
+      x_BxTxE = self.ln(x_BxTxE)
+    return self.dropout(x_BxTxE, rngs=dropout_rng)
 
 
 def residual(x, sublayer, ln, drop, norm_first: bool):
-  """pre-LN `x + drop(sublayer(ln(x)))`, post-LN `ln(x + drop(sublayer(x)))`."""
-  return x + drop(sublayer(ln(x))) if norm_first else ln(x + drop(sublayer(x)))
+  """pre-LN `x + drop(sublayer(ln(x)))`, post-LN `ln(x + drop(sublayer(x)))`; `ln` None (a
+  pre-LN layer 0 reading the embedding norm's output, ModelConfig.first_attn_norm) is none."""
+  if norm_first:
+    return x + drop(sublayer(x if ln is None else ln(x)))
+  return ln(x + drop(sublayer(x)))
 
 
 class Block(nnx.Module):
@@ -120,29 +101,35 @@ class Block(nnx.Module):
   post-LN (BERT, `norm_first=False`):  x = LN(x + Drop(Attn(x)));  x = LN(x + Drop(FFN(x)))
   pre-LN (`norm_first=True`):          x = x + Drop(Attn(LN(x)));  x = x + Drop(FFN(LN(x)))
   Equal to torch.nn.TransformerEncoderLayer(norm_first=False|True, activation="gelu") in eval
-  mode (tests/model/test_torch_parity.py).
+  mode (tests/model/test_torch_parity.py). The sublayers follow the config's switches (norm,
+  biases, GLU FFN: model/sublayers.py; RoPE and the local window: the attention); `attn_norm`
+  False builds a pre-LN layer without its attention pre-norm (ModelConfig.first_attn_norm).
+  With ModernBERT's switches this is ModernBertEncoderLayer (tests/convert/test_hf_modernbert).
   """
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, attn_norm: bool = True):
     d, f = cfg.hidden_size, cfg.ffn_size
     self.attn = MultiHeadAttention(cfg, rngs=rngs)
-    self.ln_attn = layer_norm(cfg, d, rngs=rngs)
-    self.ffn_in = dense(cfg, d, f, ("embed", "mlp"), rngs=rngs)
+    self.ln_attn = layer_norm(cfg, d, rngs=rngs) if attn_norm else None
+    self.ffn_in = ffn_in(cfg, rngs=rngs)
     self.ffn_out = dense(cfg, f, d, ("mlp", "embed"), rngs=rngs)
     self.ln_ffn = layer_norm(cfg, d, rngs=rngs)
     self.dropout = Dropout(cfg.hidden_dropout, deterministic=True)
     self.norm_first = cfg.norm_first
     self.act = cfg.activation
 
-  def __call__(self, x_BxTxD, mask_Bx1xTxT, dropout_rng=None, bias_BxNxTxT=None):
+  def __call__(self, x_BxTxD, mask_Bx1xTxT, dropout_rng=None, bias_BxNxTxT=None,
+               positions_BxT=None, is_global=True):
+    """`positions_BxT`: what RoPE rotates by (None without RoPE); `is_global`: the layer's
+    kind (a Python bool, or traced inside a scan), see MultiHeadAttention."""
     drop = lambda i: lambda y: self.dropout(y, rngs=fold_rng(dropout_rng, i))
-    # batch_split: each device computes its own rows under FSDP (activation_sharding.py)
-    ffn = lambda y: self.ffn_out(batch_split(activation_fn(self.act)(self.ffn_in(y))))
     x_BxTxD = batch_split(x_BxTxD)
     attn = lambda y: self.attn(y, mask_Bx1xTxT, dropout_rng=fold_rng(dropout_rng, 2),
-                               bias_BxNxTxS=bias_BxNxTxT)
+                               bias_BxNxTxS=bias_BxNxTxT, positions_BxT=positions_BxT,
+                               is_global=is_global)
     x_BxTxD = batch_split(residual(x_BxTxD, attn, self.ln_attn, drop(0), self.norm_first))
-    return batch_split(residual(x_BxTxD, ffn, self.ln_ffn, drop(1), self.norm_first))
+    ffn_ = lambda y: ffn(y, self.ffn_in, self.ffn_out, self.act)
+    return batch_split(residual(x_BxTxD, ffn_, self.ln_ffn, drop(1), self.norm_first))
 
 
 @jax.tree_util.register_dataclass
@@ -159,11 +146,17 @@ class EncoderOutput:
 
 
 class Encoder(nnx.Module):
-  """Embeddings [-> projection] -> L blocks (scanned or unrolled) -> final LN (pre-LN only).
+  """Embeddings [-> projection] -> L blocks (scanned or unrolled) -> final norm (pre-LN only).
 
   `embeddings`: an existing `Embeddings` module to share (ELECTRA ties the generator's
   embeddings to the discriminator's; NNX keeps one parameter for both references). Its width
   must equal `cfg.embed_size`.
+
+  Layer kinds (global / local window, `ModelConfig.global_layers`) and RoPE's per-kind theta
+  keep the stack one scan: the kinds are a scanned input beside the stacked parameters. A
+  layer 0 without attention pre-norm (`first_attn_norm=False`) has other parameters than the
+  rest, so scanned it is `first_block`, outside the stack of layers 1..L-1; unrolled it is
+  `blocks[0]` as usual.
   """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, embeddings: Embeddings | None = None):
@@ -175,14 +168,19 @@ class Encoder(nnx.Module):
       self.embeddings = embeddings if embeddings is not None else Embeddings(cfg, rngs=rngs)
       self.embed_proj = (dense(cfg, cfg.embed_size, cfg.hidden_size, ("embed", "embed_out"),
                                rngs=rngs) if cfg.embed_size != cfg.hidden_size else None)
+      self.first_block = (Block(cfg, rngs=rngs, attn_norm=False)
+                          if cfg.scan_layers and not cfg.first_attn_norm else None)
       if cfg.scan_layers:
-        @nnx.split_rngs(splits=cfg.num_layers)
+        stacked = cfg.num_layers - (self.first_block is not None)
+
+        @nnx.split_rngs(splits=stacked)
         @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
         def make_blocks(rngs):
           return Block(cfg, rngs=rngs)
-        self.blocks = make_blocks(rngs)
+        self.blocks = make_blocks(rngs) if stacked else None
       else:
-        self.blocks = nnx.List([Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.blocks = nnx.List([Block(cfg, rngs=rngs, attn_norm=cfg.first_attn_norm or i > 0)
+                                for i in range(cfg.num_layers)])
       self.final_ln = layer_norm(cfg, cfg.hidden_size, rngs=rngs) if cfg.norm_first else None
 
   def __call__(self, input_ids_BxT, mask_BxT=None, token_types_BxT=None,
@@ -195,7 +193,8 @@ class Encoder(nnx.Module):
       token_types_BxT: segment A/B ids in [0, type_vocab_size). Default: zeros.
       segment_ids_BxT: packed rows: 1..k for the k examples in a row, 0 at padding; attention
         then stays inside each example. Default: no packing.
-      positions_BxT: position ids. Default: 0..T-1, restarting at every packed example.
+      positions_BxT: position ids (the learned table's, ALiBi's and RoPE's). Default: 0..T-1,
+        restarting at every packed example.
       dropout_rng: a PRNG key; required in train mode when dropout > 0.
     Validation (ids range, lengths, shapes) runs here on concrete inputs, outside jit; under
     jit only the static shape checks run.
@@ -217,13 +216,14 @@ class Encoder(nnx.Module):
       mask_Bx1xTxT = make_attention_mask(mask_BxT, segment_ids_BxT)
     bias_BxNxTxT = (AlibiBias.from_positions(positions_BxT, cfg.num_heads)
                     if cfg.position_bias == "alibi" else None)
+    ctx = (mask_Bx1xTxT, bias_BxNxTxT, positions_BxT if cfg.rope else None)
     layer_rng = fold_rng(dropout_rng, 1)
     if cfg.scan_layers:
-      x_BxTxD = self._scan_blocks(x_BxTxD, mask_Bx1xTxT, layer_rng, bias_BxNxTxT)
+      x_BxTxD = self._scan_blocks(x_BxTxD, layer_rng, *ctx)
     else:
       for i, block in enumerate(self.blocks):
-        x_BxTxD = self._remat(type(block).__call__)(block, x_BxTxD, mask_Bx1xTxT,
-                                                    fold_rng(layer_rng, i), bias_BxNxTxT)
+        x_BxTxD = self._call_block(block, x_BxTxD, fold_rng(layer_rng, i), *ctx,
+                                   is_global=cfg.global_layers[i])
     if self.final_ln is not None:
       x_BxTxD = batch_split(self.final_ln(x_BxTxD))
     return EncoderOutput(hidden_BxTxD=x_BxTxD, mask_BxT=mask_BxT)
@@ -233,13 +233,39 @@ class Encoder(nnx.Module):
       return fn
     return nnx.remat(fn, policy=_REMAT[self.cfg.remat_policy])
 
-  def _scan_blocks(self, x_BxTxD, mask_Bx1xTxT, layer_rng, bias_BxNxTxT=None):
-    call = self._remat(type(self.blocks).__call__)
-    rngs = None if layer_rng is None else jax.random.split(layer_rng, self.cfg.num_layers)
-    body = nnx.scan(lambda x, block, mask, rng, bias: call(block, x, mask, rng, bias),
-                    in_axes=(nnx.Carry, 0, None, None if rngs is None else 0, None),
-                    out_axes=nnx.Carry, transform_metadata={nnx.PARTITION_NAME: "layers"})
-    return body(x_BxTxD, self.blocks, mask_Bx1xTxT, rngs, bias_BxNxTxT)
+  def _call_block(self, block, x_BxTxD, rng, mask, bias, positions, *, is_global: bool):
+    """One unscanned block; its kind is static (bound here, never traced by remat)."""
+    call = lambda blk, *args: type(blk).__call__(blk, *args, is_global=is_global)
+    return self._remat(call)(block, x_BxTxD, mask, rng, bias, positions)
+
+  def _scan_blocks(self, x_BxTxD, layer_rng, mask_Bx1xTxT, bias_BxNxTxT, positions_BxT):
+    """[first_block, then] the stacked blocks in one nnx.scan. Where the stack has local and
+    global layers their kinds are scanned beside the parameters; else nothing is."""
+    cfg, first = self.cfg, 0
+    rngs = None if layer_rng is None else jax.random.split(layer_rng, cfg.num_layers)
+    if self.first_block is not None:
+      x_BxTxD = self._call_block(self.first_block, x_BxTxD, None if rngs is None else rngs[0],
+                                 mask_Bx1xTxT, bias_BxNxTxT, positions_BxT,
+                                 is_global=cfg.global_layers[0])
+      first = 1
+    if self.blocks is None:
+      return x_BxTxD
+    kinds = cfg.global_layers[first:]
+    mixed = len(set(kinds)) > 1
+    kinds_L = jnp.asarray(kinds) if mixed else None
+    if rngs is not None and first:
+      rngs = rngs[first:]
+    if mixed:  # the kind is traced: a scanned input
+      call = self._remat(type(self.blocks).__call__)
+    else:  # one kind: bound statically, as in an unscanned block
+      call = self._remat(lambda blk, *args: type(blk).__call__(blk, *args[:5],
+                                                                is_global=kinds[0]))
+    body = nnx.scan(
+        lambda x, block, mask, rng, bias, pos, kind: call(block, x, mask, rng, bias, pos, kind),
+        in_axes=(nnx.Carry, 0, None, None if rngs is None else 0, None, None,
+                 0 if mixed else None),
+        out_axes=nnx.Carry, transform_metadata={nnx.PARTITION_NAME: "layers"})
+    return body(x_BxTxD, self.blocks, mask_Bx1xTxT, rngs, bias_BxNxTxT, positions_BxT, kinds_L)
 
 
 def _dropout_active(module: nnx.Module) -> bool:

@@ -1,7 +1,9 @@
 """Task heads on top of `EncoderOutput`, and masked pooling.
 
 Every head takes the encoder's hidden states (and its mask where pads matter) and returns
-logits in fp32, so losses and softmaxes never run in bf16.
+logits in fp32, so losses and softmaxes never run in bf16. Hidden transforms (the MLM head's,
+the pooler, the RTD head's first dense) follow ModelConfig.linear_bias and the MLM head's norm
+ModelConfig.norm / norm_bias; the layers that output logits always keep their bias.
 """
 from __future__ import annotations
 
@@ -96,7 +98,7 @@ class NspHead(nnx.Module):
   """Next-sentence (or sentence-order) prediction: 2 classes from the pooled [CLS]."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    self.out = dense(cfg, cfg.hidden_size, 2, ("embed", None), rngs=rngs)
+    self.out = dense(cfg, cfg.hidden_size, 2, ("embed", None), rngs=rngs, bias=True)
 
   def __call__(self, pooled_BxD) -> jax.Array:
     return self.out(pooled_BxD).astype(jnp.float32)
@@ -108,7 +110,7 @@ class RtdHead(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.dense = dense(cfg, cfg.hidden_size, cfg.hidden_size, ("embed", "embed_out"),
                        rngs=rngs)
-    self.out = dense(cfg, cfg.hidden_size, 1, ("embed_out", None), rngs=rngs)
+    self.out = dense(cfg, cfg.hidden_size, 1, ("embed_out", None), rngs=rngs, bias=True)
     self.act = cfg.activation
 
   def __call__(self, hidden_BxTxD) -> jax.Array:
@@ -125,7 +127,7 @@ class ClassifierHead(nnx.Module):
       raise ValueError(f"ClassifierHead pooling={pooling!r}; use 'cls' or 'mean'.")
     self.pooling = pooling
     self.pooler = Pooler(cfg, rngs=rngs) if pooling == "cls" else None
-    self.out = dense(cfg, cfg.hidden_size, num_classes, ("embed", None), rngs=rngs)
+    self.out = dense(cfg, cfg.hidden_size, num_classes, ("embed", None), rngs=rngs, bias=True)
     self.dropout = Dropout(cfg.hidden_dropout, deterministic=True)
 
   def __call__(self, hidden_BxTxD, mask_BxT, *, dropout_rng=None) -> jax.Array:
@@ -139,7 +141,7 @@ class TaggerHead(nnx.Module):
   subtokens, so the loss (encoder_jax.objectives) never reads those logits."""
 
   def __init__(self, cfg: ModelConfig, num_tags: int, *, rngs: nnx.Rngs):
-    self.out = dense(cfg, cfg.hidden_size, num_tags, ("embed", None), rngs=rngs)
+    self.out = dense(cfg, cfg.hidden_size, num_tags, ("embed", None), rngs=rngs, bias=True)
     self.dropout = Dropout(cfg.hidden_dropout, deterministic=True)
 
   def __call__(self, hidden_BxTxD, *, dropout_rng=None) -> jax.Array:
@@ -150,7 +152,7 @@ class SpanQaHead(nnx.Module):
   """Extractive QA: start and end logits per token; padding can never be an answer."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-    self.out = dense(cfg, cfg.hidden_size, 2, ("embed", None), rngs=rngs)
+    self.out = dense(cfg, cfg.hidden_size, 2, ("embed", None), rngs=rngs, bias=True)
 
   def __call__(self, hidden_BxTxD, mask_BxT) -> tuple[jax.Array, jax.Array]:
     logits_BxTx2 = self.out(hidden_BxTxD).astype(jnp.float32)
