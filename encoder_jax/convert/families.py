@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from encoder_jax.model.config import ModelConfig
+from encoder_jax.model.config import ModelConfig, bert_block_departures
 from encoder_jax.objectives.pretraining import ObjectiveConfig
 
 
@@ -76,9 +76,13 @@ class Family:
 
 
 def encoder_gaps(cfg: ModelConfig) -> list[Gap]:
-  """What no HF family here has a place for: BERT, RoBERTa and ELECTRA are post-LN encoders
-  with learned absolute positions."""
-  gaps = []
+  """What the BERT-block families (BERT, RoBERTa, ELECTRA) have no place for: they are post-LN
+  encoders with learned absolute positions and BERT's block (LayerNorm with bias, biased
+  linears, a plain FFN, no rotary embeddings or windows; model.config.bert_block_departures).
+  ModernBERT's family has its own list (hf_modernbert.gaps)."""
+  gaps = [Gap(f"model.{name}={getattr(cfg, name)!r}",
+              f"HF's BERT block has no place for {why.split(' (')[0]}", ((name, bert),))
+          for name, bert, why in bert_block_departures(cfg)]
   if cfg.norm_first:
     gaps.append(Gap("model.norm_first=True", "HF's blocks are post-LN",
                     (("norm_first", False),)))

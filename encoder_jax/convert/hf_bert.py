@@ -35,8 +35,8 @@ from encoder_jax.model.config import ModelConfig
 from encoder_jax.objectives.pretraining import ObjectiveConfig
 
 _ACT_FROM_HF = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-                "relu": "relu"}
-_ACT_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
+                "relu": "relu", "silu": "silu", "swish": "silu"}
+_ACT_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
 # Buffers / tied copies that carry no parameter of their own.
 _IGNORED_KEYS = ("embeddings.position_ids", "cls.predictions.decoder.weight",
                  "cls.predictions.decoder.bias")

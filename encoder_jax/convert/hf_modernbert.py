@@ -37,10 +37,12 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
+from encoder_jax.convert.families import Family, Gap, Weights, Written
 from encoder_jax.convert.hf_bert import _assign, _pure_params, read_hf_folder, write_hf_folder
 from encoder_jax.model.bert import BertForPreTraining, BertModel
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.model.electra import ElectraModel
+from encoder_jax.objectives.pretraining import ObjectiveConfig
 
 _ACT_FROM_HF = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                 "relu": "relu", "silu": "silu", "swish": "silu"}
@@ -60,6 +62,17 @@ _FIXED = (("norm_first", True, "post-LN blocks (model.norm_first=False)"),
           ("type_vocab_size", 0, "token type embeddings (model.type_vocab_size > 0)"))
 
 
+def encoder_gaps(cfg: ModelConfig) -> list[Gap]:
+  """What in `cfg` HF ModernBERT has no place for (empty: it computes what `cfg` computes)."""
+  gaps = [Gap(f"model.{name}={getattr(cfg, name)!r}",
+              f"HF ModernBERT cannot hold {why.split(' (')[0]}", ((name, want),))
+          for name, want, why in _FIXED if getattr(cfg, name) != want]
+  if cfg.embed_size != cfg.hidden_size:
+    gaps.append(Gap(f"model.embedding_size={cfg.embed_size}", "HF ModernBERT has no embedding "
+                    f"projection to hidden_size={cfg.hidden_size}", (("embedding_size", None),)))
+  return gaps
+
+
 def represents(cfg: ModelConfig) -> str | None:
   """None if HF ModernBERT computes what `cfg` computes; else the reasons, one phrase each."""
   gaps = [why for name, want, why in _FIXED if getattr(cfg, name) != want]
@@ -67,6 +80,17 @@ def represents(cfg: ModelConfig) -> str | None:
     gaps.append(f"an embedding projection (model.embedding_size={cfg.embed_size} != "
                 f"hidden_size={cfg.hidden_size})")
   return "; ".join(gaps) or None
+
+
+def run_gaps(cfg: ModelConfig, obj: ObjectiveConfig) -> list[Gap]:
+  """FAMILY.gaps: a run whose (discriminator's) encoder is ModernBERT's block, MLM or any
+  ELECTRA objective (its discriminator is written), without a sentence task (HF ModernBERT has
+  no pooler or NSP head)."""
+  gaps = encoder_gaps(cfg)
+  if obj.sentence_task != "none":
+    gaps.append(Gap(f"objective.sentence_task={obj.sentence_task!r}", "HF ModernBERT has no "
+                    "pooler or sentence-pair head", (("objective.sentence_task", "none"),)))
+  return gaps
 
 
 # ----------------------------------------------------------------------------- configs
@@ -355,3 +379,41 @@ def export(model: BertModel | BertForPreTraining | ElectraModel, out_dir: str | 
 
 
 export_hf_modernbert = export
+
+
+def read(path: str | os.PathLike, **config_overrides: Any) -> Weights:
+  """FAMILY.read: a ModernBertModel / ModernBertForMaskedLM folder (a fine-tuned ModernBERT's
+  task head has no counterpart here and is logged as unused)."""
+  hf_cfg, tensors = read_hf_folder(path)
+  cfg = hf_config_to_model_config(hf_cfg, **config_overrides)
+  mlm = ("decoder.bias" in tensors or "decoder.weight" in tensors
+         or "ModernBertForMaskedLM" in (hf_cfg.get("architectures") or []))
+  params = hf_tensors_to_params(tensors, cfg, mlm=mlm)
+  if mlm:
+    return Weights(cfg, params["bert"]["encoder"], None, {"mlm": params["mlm"]})
+  return Weights(cfg, params["encoder"])
+
+
+def _export_run_model(model: BertForPreTraining | ElectraModel, out_dir, *, vocab=None,
+                      pad_id: int | None = None) -> list[Written]:
+  """FAMILY.export of a pre-training run's model (run_gaps found nothing). HF ModernBERT has
+  no position table, so `pad_id` is not needed. An ELECTRA run: its discriminator (`export`)."""
+  del pad_id
+  import pathlib  # pylint: disable=g-import-not-at-top
+  export(model, out_dir, vocab=vocab)
+  if isinstance(model, ElectraModel):
+    if model.disc_mlm is not None:
+      ours = lambda ids, mask: np.asarray(model.disc_mlm(
+          model.discriminator(ids, mask).hidden_BxTxD, model.token_embed))
+      return [Written(pathlib.Path(out_dir), "ModernBertForMaskedLM", "AutoModelForMaskedLM",
+                      ours, ("the generator",))]
+    dropped = tuple(n for n in ("rtd", "pooler", "nsp") if getattr(model, n) is not None)
+    return [Written(pathlib.Path(out_dir), "ModernBertModel", "AutoModel",
+                    lambda ids, mask: np.asarray(model.discriminator(ids, mask).hidden_BxTxD),
+                    dropped + ("the generator",), "last_hidden_state")]
+  return [Written(pathlib.Path(out_dir), "ModernBertForMaskedLM", "AutoModelForMaskedLM",
+                  lambda ids, mask: np.asarray(model(ids, mask)[0]))]
+
+
+FAMILY = Family(name="ModernBERT", model_types=("modernbert",), gaps=run_gaps,
+                model_config=hf_config_to_model_config, read=read, export=_export_run_model)

@@ -12,7 +12,9 @@ FAMILIES is the registry: one converter module per HF family (families.py says w
 provides), in the order export tries them. RoBERTa comes before BERT: it only claims runs of
 RoBERTa's shape (MLM alone, one token type), which BERT could hold too; everything else with
 BERT's shape is BERT's. ELECTRA takes the ELECTRA runs and the MLM runs with an embedding
-projection (as ElectraForMaskedLM). A new family is a module with its FAMILY, added here.
+projection (as ElectraForMaskedLM). ModernBERT takes the runs of its block (pre-LN, RoPE,
+GeGLU, bias-free, local windows; the BERT-block families refuse every one of those), MLM or
+ELECTRA (the discriminator). A new family is a module with its FAMILY, added here.
 """
 from __future__ import annotations
 
@@ -26,13 +28,14 @@ import numpy as np
 from flax import nnx
 
 from encoder_jax import paths
-from encoder_jax.convert import hf_bert, hf_electra, hf_roberta
+from encoder_jax.convert import hf_bert, hf_electra, hf_modernbert, hf_roberta
 from encoder_jax.convert.families import Family, Gap, Weights
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.objectives.pretraining import ObjectiveConfig
 from encoder_jax.train.run_dir import RunDir
 
-FAMILIES: tuple[Family, ...] = (hf_roberta.FAMILY, hf_bert.FAMILY, hf_electra.FAMILY)
+FAMILIES: tuple[Family, ...] = (hf_roberta.FAMILY, hf_bert.FAMILY, hf_electra.FAMILY,
+                                hf_modernbert.FAMILY)
 
 # ModelConfig fields that set a parameter's shape or the parameter tree's layout: a
 # fine-tuning override may not change them (the checkpoint's parameters would not fit).

@@ -227,11 +227,12 @@ _BERT_BLOCK = (
 )
 
 
-def bert_block_departures(cfg: ModelConfig) -> list[str]:
-  """The block switches `cfg` sets away from BERT's block, one phrase each (empty for BERT's
-  block): what a converter to a BERT-block format (HF BERT, ELECTRA) must refuse, besides
-  pre-LN, ALiBi and the activation, which those formats name themselves."""
-  return [why for name, bert, why in _BERT_BLOCK
+def bert_block_departures(cfg: ModelConfig) -> list[tuple[str, Any, str]]:
+  """The block switches `cfg` sets away from BERT's block, as (field, BERT's value, phrase)
+  (empty for BERT's block): what a converter to a BERT-block format (HF BERT, RoBERTa,
+  ELECTRA) must refuse, besides pre-LN, ALiBi and the activation, which those formats name
+  themselves."""
+  return [(name, bert, why) for name, bert, why in _BERT_BLOCK
           if getattr(cfg, name) != bert and not (name == "local_window" and all(
               cfg.global_layers)) and not (name == "norm_bias" and cfg.norm == "rmsnorm")]
 

@@ -5,7 +5,9 @@ Convention (stated once, used everywhere):
     flops_computation.py and the "6N" rule. Only matmuls are counted: biases, LayerNorm,
     activations, softmax and dropout are O(d) per token (~1% of a BERT-base step) and left out.
   * Forward, per sequence of T tokens, per layer: QKV 2*T*d*3d, attention output 2*T*d*d,
-    FFN 2*T*2*d*f, attention scores QK^T 2*T*T*d and the weighted sum of values 2*T*T*d.
+    FFN 2*T*2*d*f (a gated FFN: 2*T*3*d*f), attention scores QK^T 2*T*T*d and the weighted sum
+    of values 2*T*T*d. Sliding-window layers are counted as the full T x T they compute (every
+    attention path here masks a dense score matrix; no kernel skips the masked blocks).
     Embedding lookups are gathers (0 FLOPs); an embedding projection e -> d (ELECTRA-small)
     is 2*T*e*d. Heads: MLM 2*d*e + 2*e*V per predicted position (transform + tied decoder),
     counted at max_predictions positions (sparse prediction) or at all T; NSP/SOP pooler +
@@ -46,9 +48,10 @@ from encoder_jax.objectives.pretraining import OBJECTIVES
 
 
 def block_matmul_params(cfg: ModelConfig) -> int:
-  """Weights of the dense layers in one block: QKV + output (4*d*d) + FFN (2*d*f)."""
+  """Weights of the dense layers in one block: QKV + output (4*d*d) + FFN (2*d*f, or 3*d*f
+  for a gated FFN, GeGLU / SwiGLU: two input projections of f and the output one)."""
   d = cfg.hidden_size
-  return 4 * d * d + 2 * d * cfg.ffn_size
+  return 4 * d * d + (3 if cfg.glu else 2) * d * cfg.ffn_size
 
 
 def forward_flops(cfg: ModelConfig, *, batch_size: int, seq_len: int,

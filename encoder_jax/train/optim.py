@@ -162,8 +162,13 @@ def decay_mask(params: Any) -> Any:
   return jax.tree_util.tree_map_with_path(lambda p, _: is_decayed(path_names(p)), params)
 
 
+FIRST_BLOCK = "first_block"  # layer 0 kept out of a scanned stack (model.first_attn_norm=False)
+
+
 def _layer_position(names: tuple[Any, ...]) -> tuple[str, int | None]:
   """("stacked", None) | ("layer", i) | ("embedding", 0) | ("top", None) for one param path."""
+  if FIRST_BLOCK in names:
+    return "layer", 0
   for j, n in enumerate(names):
     if n in LAYER_KEYS:
       nxt = names[j + 1] if j + 1 < len(names) else None
@@ -176,19 +181,24 @@ def _layer_position(names: tuple[Any, ...]) -> tuple[str, int | None]:
 
 
 def layer_decay_scales(params: Any, num_layers: int, layer_decay: float) -> Any:
-  """Per-leaf learning-rate multipliers: decay ** (L + 1 - depth); stacked leaves get [L, 1...]."""
+  """Per-leaf learning-rate multipliers: decay ** (L + 1 - depth); stacked leaves get [L, 1...]
+  (layers 1..L-1, [L - 1, 1...], where layer 0 sits apart as `first_block`)."""
   L = num_layers
+  first_apart = any(FIRST_BLOCK in path_names(p)
+                    for p, _ in jax.tree_util.tree_leaves_with_path(params))
+  stacked_rows = range(1, L) if first_apart else range(L)
 
   def scale(path, leaf):
     names = path_names(path)
     where, index = _layer_position(names)
     if where == "stacked":
-      if leaf.ndim == 0 or leaf.shape[0] != L:
+      if leaf.ndim == 0 or leaf.shape[0] != len(stacked_rows):
         raise ValueError(f"parameter {'/'.join(map(str, names))} sits under a layer stack but "
-                         f"its leading axis is {leaf.shape[:1]}, not num_layers={L}; pass the "
-                         "model's num_layers or keep stacked blocks on axis 0.")
-      rows = jnp.asarray([layer_decay ** (L - i) for i in range(L)], jnp.float32)
-      return rows.reshape((L,) + (1,) * (leaf.ndim - 1))
+                         f"its leading axis is {leaf.shape[:1]}, not {len(stacked_rows)} "
+                         f"(num_layers={L}{', layer 0 apart' if first_apart else ''}); pass "
+                         "the model's num_layers or keep stacked blocks on axis 0.")
+      rows = jnp.asarray([layer_decay ** (L - i) for i in stacked_rows], jnp.float32)
+      return rows.reshape((len(stacked_rows),) + (1,) * (leaf.ndim - 1))
     if where == "layer":
       if not 0 <= index < L:
         raise ValueError(f"parameter {'/'.join(map(str, names))} is layer {index} but "

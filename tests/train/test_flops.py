@@ -21,6 +21,22 @@ def test_matmul_params_rebuild_hf_bert_base_count():
   assert embeddings + matmul + block_biases_norms + pooler + mlm_head + nsp == 110_106_428
 
 
+def test_matmul_params_of_modernbert_base_are_its_dense_weights():
+  """ModernBERT-base's dense weights (GeGLU: Wi is d x 2f, Wo f x d; bias-free), counted from
+  a real model: block_matmul_params is every kernel of a block, 4*d*d + 3*d*f."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  from encoder_jax.model.bert import BertModel  # pylint: disable=g-import-not-at-top
+  cfg = model_config_for_size("modernbert-base").replace(vocab_size=64, num_layers=1,
+                                                          scan_layers=False)
+  model = nnx.eval_shape(lambda: BertModel(cfg, pooler=False, rngs=nnx.Rngs(0)))
+  kernels = [x.size for p, x in jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param))
+             if "blocks" in jax.tree_util.keystr(p) and x.ndim >= 2]
+  d, f = cfg.hidden_size, cfg.ffn_size
+  assert (d, f) == (768, 1152)
+  assert flops.block_matmul_params(cfg) == sum(kernels) == 4 * d * d + 3 * d * f
+
+
 def test_parameter_flops_are_six_n_per_token():
   B, T = 32, 128
   parts = flops.train_flops_breakdown(BASE, batch_size=B, seq_len=T, max_predictions=20,

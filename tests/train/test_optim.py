@@ -215,3 +215,29 @@ def test_config_from_configdict_and_errors():
     OptimConfig(optimizer="sgd")
   with pytest.raises(ValueError, match="warmup_steps=20"):
     OptimConfig(warmup_steps=20, total_steps=10)
+
+
+def test_layer_decay_of_a_scanned_stack_with_layer_0_apart():
+  """ModernBERT's block scanned (model.first_attn_norm=False): layer 0 is `first_block`, the
+  stack holds layers 1..L-1; each gets its own depth's factor, as when unrolled."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+
+  from encoder_jax.model.bert import BertModel  # pylint: disable=g-import-not-at-top
+  from encoder_jax.model.config import MODERNBERT_BLOCK, ModelConfig  # pylint: disable=g-import-not-at-top
+  decay, layers = 0.5, 3
+  base = dict(MODERNBERT_BLOCK, vocab_size=64, hidden_size=16, num_layers=layers, num_heads=2,
+              ffn_size=24, max_positions=32, local_window=4)
+  scales = {}
+  for scan in (True, False):
+    model = BertModel(ModelConfig(**base, scan_layers=scan), pooler=False, rngs=nnx.Rngs(0))
+    scales[scan] = flat(optim.layer_decay_scales(nnx.state(model, nnx.Param), layers, decay))
+  first = [k for k in scales[True] if "first_block" in k]
+  assert first and all(scales[True][k] == decay ** layers for k in first)
+  stacked = [k for k in scales[True] if "/blocks/" in k]
+  assert stacked and all(np.asarray(scales[True][k]).shape[0] == layers - 1 for k in stacked)
+  for k in stacked:
+    np.testing.assert_allclose(np.asarray(scales[True][k]).reshape(layers - 1, -1)[:, 0],
+                               [decay ** (layers - i) for i in (1, 2)])
+  for i in range(layers):  # unrolled: blocks/i at decay ** (L - i)
+    assert {float(v) for k, v in scales[False].items() if f"/blocks/{i}/" in k} == {
+        decay ** (layers - i)}
