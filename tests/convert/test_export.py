@@ -305,9 +305,9 @@ def test_a_pre_ln_alibi_run_is_refused_in_one_line(tmp_path):
   assert proc.returncode == 1, proc.stderr[-3000:]
   said = [line for line in proc.stderr.splitlines() if line.startswith("export:")]
   assert len(said) == 1 and proc.stderr.rstrip().endswith(said[0]), proc.stderr[-3000:]
-  for part in ("export: model.norm_first=True and model.position_bias='alibi' have no "
-               "transformers equivalent in RoBERTa/BERT/ELECTRA (HF's blocks are post-LN; HF has "
-               "learned absolute positions only); ",
+  for part in ("export: model.position_bias='alibi' has no transformers equivalent in "
+               "RoBERTa/BERT/ELECTRA/ModernBERT (HF has learned absolute positions only); the "
+               "closest, BERT, has no place for model.norm_first=True (HF's blocks are post-LN);",
                "the nearest exportable configuration is this run's with "
                "--config.model.norm_first=False --config.model.position_bias=none, which "
                "exports as BERT (as configs/pretrain.py's presets are without runlocal, e.g. "
@@ -332,7 +332,7 @@ def test_a_pre_ln_alibi_run_is_refused_in_one_line(tmp_path):
   from encoder_jax.objectives.pretraining import ObjectiveConfig
   cfg, obj = ModelConfig(embedding_size=128), ObjectiveConfig(sentence_task="nsp")
   assert export.refusal("runs/x", cfg, obj, load.exporting_family(cfg, obj)[1]).startswith(
-      "no family in RoBERTa/BERT/ELECTRA represents this run: the closest, BERT, has no place "
+      "no family in RoBERTa/BERT/ELECTRA/ModernBERT represents this run: the closest, BERT, has no place "
       "for model.embedding_size=128 (HF BERT has no embedding projection to hidden_size=768); "
       "the nearest exportable configuration is this run's with --config.model.embedding_size=0"
       ", which exports as BERT. Fine-tune")
@@ -371,3 +371,34 @@ def _umask():
   mask = os.umask(0o022)
   os.umask(mask)
   return mask
+
+
+def test_a_modernbert_block_run_exports_as_modernbert_and_reloads_with_its_logits(env,
+                                                                                 tmp_path):
+  """A run of ModernBERT's block (pre-LN, RoPE with two thetas, GeGLU, bias-free, a local
+  window in two layers of three, embedding norm) is refused by BERT, RoBERTa and ELECTRA and
+  written as ModernBertForMaskedLM, whose logits transformers reproduces (the reload check)."""
+  from encoder_jax.model.config import MODERNBERT_BLOCK  # pylint: disable=g-import-not-at-top
+  block = {k: v for k, v in MODERNBERT_BLOCK.items() if k not in ("max_positions",
+                                                                 "hidden_dropout",
+                                                                 "attention_dropout")}
+  workdir = _train(env, tmp_path / "run", **{**block, "num_layers": 3, "local_window": 8})
+  said = []
+  written = export.export_run(workdir, tmp_path / "hf", report=said.append)
+  assert [(w.hf_class, w.auto_class) for w in written] == [("ModernBertForMaskedLM",
+                                                            "AutoModelForMaskedLM")]
+  check = [line for line in said if "reload check" in line]
+  assert check and float(re.search(r"difference\| (\S+)", check[0]).group(1)) <= TOL, said
+  hf_cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+  assert (hf_cfg["model_type"], hf_cfg["local_attention"], hf_cfg["num_hidden_layers"]) == (
+      "modernbert", 8, 3)
+
+
+def test_a_switch_no_family_holds_is_refused_naming_it(env, tmp_path):
+  """RoPE in BERT's post-LN block: HF BERT, RoBERTa and ELECTRA have no rotary embeddings,
+  ModernBERT no post-LN block: refused in one line naming the switch, nothing written."""
+  workdir = _train(env, tmp_path / "run", rope=True, learned_positions=False)
+  with pytest.raises(export.NotRepresentable, match=r"model\.rope=True .*HF's BERT block has no "
+                     r"place for rotary position embeddings"):
+    export.export_run(workdir, tmp_path / "hf", report=lambda _: None)
+  assert not (tmp_path / "hf").exists()
