@@ -8,15 +8,23 @@ comparison):
   bash run.sh python -m encoder_jax.main --mode=pretrain --workdir=/tmp/demo_run \
       --config=configs/pretrain.py:runlocal
 Arguments after ':' are comma-separated key=value pairs (`runlocal` alone means runlocal=True):
-  recipe     bert | roberta: whose pre-training the other settings follow      (default bert)
+  recipe     bert | roberta | modernbert: whose pre-training the other settings follow
+                                                                             (default bert)
              bert: BERT's (the settings below); roberta: RoBERTa's (Liu et al. 2019, arXiv
              1907.11692, Appendix Table 9): byte-level BPE, FULL-SENTENCES without NSP,
              dynamic masking, batch 8K x 512, 500k steps, Adam b2 0.98; see `roberta` below
              for every value and what to pass for the released tokenizer. size picks base's
              or large's learning rate and warm-up.
-  size       tiny | mini | small | medium | base | large | electra-small    (default tiny)
-             | modernbert-base | modernbert-large (ModernBERT's block: pre-LN, GeGLU, RoPE,
-             sliding windows, no biases; encoder_jax.model.config.MODERNBERT_BLOCK)
+             modernbert: ModernBERT's (Warner et al. 2024, arXiv 2412.13663): its block
+             (size=modernbert-base, the default, or modernbert-large), a byte-level BPE of
+             50,368 ids, FULL-SENTENCES rows of 1,024 packed a document a segment, 30% MLM,
+             batch 4,608 / 4,928, b2 0.98, lr 8e-4 / 5e-4, warm-up-stable-1-sqrt-decay;
+             configs/modernbert.py has every value, its source and the departures.
+  size       tiny | mini | small | medium | base | large | electra-small    (default tiny;
+             | modernbert-base | modernbert-large     modernbert-base with recipe=modernbert)
+             (ModernBERT's block: pre-LN, GeGLU, RoPE, sliding windows, no biases;
+             encoder_jax.model.config.MODERNBERT_BLOCK; their rows are packed by default, as
+             ModernBERT's, data.pack)
   objective  mlm | electra | electra_15 | replace_mlm | all_tokens_mlm       (default mlm)
   nsp        none | nsp | sop: the sentence-pair task (needs a pair format)  (default none)
   format     full_sentences | doc_sentences | segment_pair | sentence_pair
@@ -69,14 +77,14 @@ Equal-compute comparison (ELECTRA's Table 1 protocol): give both runs the same
 """
 import ml_collections
 
-from configs import parse_arg
+from configs import modernbert, parse_arg
 from encoder_jax.data.examples import DOCS_PER_SHARD, FORMATS
-from encoder_jax.model.config import SIZES, ModelConfig
+from encoder_jax.model.config import MODERNBERT_BLOCK, SIZES, ModelConfig
 from encoder_jax.objectives.pretraining import OBJECTIVES, SENTENCE_TASKS
 
 # (hidden_dropout, attention_dropout) of each `dropout` preset (see the module docstring).
 DROPOUTS = {"bert": (0.1, 0.1), "no_attention": (0.1, 0.0), "none": (0.0, 0.0)}
-RECIPES = ("bert", "roberta")
+RECIPES = ("bert", "roberta", "modernbert")
 # RoBERTa's vocabulary size: the released byte-level BPE (vocab.json + merges.txt) has 50,265
 # entries, the "50K subword units" of Section 4.
 ROBERTA_VOCAB_SIZE = 50_265
@@ -114,10 +122,13 @@ def model_config(size: str, norm: str) -> ml_collections.ConfigDict:
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  args = parse_arg(arg, flags=("runlocal",), size="tiny", objective="mlm", nsp="none", format="",
+  args = parse_arg(arg, flags=("runlocal",), size="", objective="mlm", nsp="none", format="",
                    norm="", dropout="", runlocal="False", precision="",
                    phase="1", recipe="bert")
   recipe = _choice("recipe", args["recipe"], RECIPES)
+  args["size"] = args["size"] or ("modernbert-base" if recipe == "modernbert" else "tiny")
+  if recipe == "modernbert":
+    modernbert.check(args, args["size"])
   # pre-LN and no dropout are part of the demo recipe (runlocal) and of the sizes whose block
   # says so (ModernBERT's); BERT's settings otherwise.
   block = SIZES.get(args["size"], {})
@@ -135,6 +146,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     raise ValueError(f"nsp={task} needs a pair format (segment_pair or sentence_pair), not "
                      f"format={fmt}; RoBERTa's full/doc_sentences rows have no sentence pair.")
   electra = objective != "mlm"
+  # Unpadded packing (data/examples.py) is part of ModernBERT's block's recipe; a sentence task
+  # cannot pack (one [CLS] and label per row).
+  modern_block = all(block.get(k) == v for k, v in MODERNBERT_BLOCK.items())
 
   config = ml_collections.ConfigDict()
   config.size = args["size"]
@@ -176,7 +190,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       vocab="minilm",
       format=fmt,
       max_length=128,
-      pack=False,  # pack short rows (doc_sentences / sentence_pair) into one row
+      # Unpadded packing: examples share rows, each its own segment (data/examples.py, every
+      # format but NSP/SOP). On by default for the ModernBERT sizes, and in recipe=roberta|
+      # modernbert; metrics.jsonl's pad_fraction says what share of each batch is padding.
+      pack=modern_block and task == "none",
       short_seq_prob=0.1,  # segment_pair: BERT's share of shorter targets
       batch_size=128,  # global batch (sequences per optimizer micro-step)
       eval_split="validation",
@@ -220,6 +237,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       learning_rate=5e-4 if electra else 1e-4,
       b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01,
       schedule="linear", warmup_steps=10_000, total_steps=0, end_lr_frac=0.0,
+      decay_frac=0.2, decay_shape="linear",  # schedule="wsd" only: its final decay
       clip_grad_norm=1.0, accumulation_steps=1, layer_decay=1.0,
       mu_dtype=ml_collections.config_dict.placeholder(str),
   ))
@@ -247,6 +265,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   if recipe == "roberta":
     roberta(config, args)
+  elif recipe == "modernbert":
+    modernbert.recipe(config)
   if args["runlocal"] == "True":
     runlocal(config)
   elif args["runlocal"] != "False":

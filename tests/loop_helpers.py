@@ -17,7 +17,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 from configs import pretrain  # noqa: E402
 
 N = 6  # checkpoint interval; the straight run is 2N steps
-PERF_KEYS = {"time", "step_time_s", "tokens_per_s", "flops_per_s", "flops_per_s_per_device", "mfu"}
+PERF_KEYS = {"time", "step_time_s", "tokens_per_s", "real_tokens_per_s", "flops_per_s",
+             "flops_per_s_per_device", "mfu"}
 
 DOCS = [
     "Call me Ishmael. Some years ago, never mind how long precisely, having little or no "

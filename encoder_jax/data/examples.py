@@ -17,15 +17,32 @@ for it. Formats (RoBERTa, arXiv 1907.11692, Table 2; BERT's create_pretraining_d
                  sentence of another document (label 1). Rows are short: pack them or use a
                  bigger batch (RoBERTa did the latter).
   full_sentences contiguous sentences filling the row, crossing documents with an extra [SEP]
-                 between them; no NSP.
+                 between them (packed: a segment per document instead, see pack); no NSP.
   doc_sentences  the same but a row never crosses a document (shorter rows at document ends:
                  pack them); no NSP.
 
   nsp=True       next-sentence labels for the two pair formats (0 = B follows A, 1 = random).
   sop=True       sentence-order labels instead (ALBERT): A, B consecutive, swapped 50% (1 =
                  swapped); a one-sentence chunk is cut inside the sentence.
-  pack=True      rows shorter than max_length are packed together (best-fit decreasing); each
-                 example keeps its own [CLS]..[SEP], gets segment id 1..k and positions from 0.
+  pack=True      unpadded packing: several examples share a row, each keeping its own
+                 [CLS]..[SEP], with segment id 1..k and positions from 0 (the model keeps
+                 attention inside a segment and restarts positions, RoPE's included). Every
+                 format packs:
+                   doc_sentences, segment_pair, sentence_pair: the unpacked plan's examples,
+                     the same ones (the same draws), packed best-fit decreasing; a packed
+                     row's segments are exactly those examples' unpacked rows.
+                   full_sentences: ModernBERT's / MosaicBERT's packing of documents. Rows are
+                     filled in corpus order with whole sentences as unpacked full_sentences
+                     fills them, but every document (or the part of it a row holds: its
+                     row-sized chunks) is its own segment, [CLS] doc [SEP] [CLS] next doc
+                     [SEP], instead of documents meeting inside one segment at an extra
+                     [SEP]. A row closes only when the next sentence does not fit, as
+                     unpacked (whole sentences leave ~16% of a 128-token row empty on the
+                     demo text, ~4.5% at 512; doc_sentences leaves more: 17% / 9% unpacked).
+                 With nsp / sop packing is refused (ExampleConfig.validate): the sentence-pair
+                 head reads one [CLS] per row, and a packed row would need one label per segment
+                 and a head over every segment's [CLS]. BERT and ALBERT, who trained NSP / SOP,
+                 did not pack; RoBERTa and ModernBERT, who pack, dropped the sentence task.
 
 Sentences longer than a row are cut into row-sized pieces (full/doc_sentences) or truncated
 (pair formats, as BERT), never a crash. Row layout: see `Rows`.
@@ -139,8 +156,9 @@ class ExampleConfig:
     if self.nsp and self.sop:
       raise ValueError("choose nsp or sop, not both")
     if self.pack and (self.nsp or self.sop):
-      raise ValueError("pack=True with nsp/sop is unsupported: the NSP head reads one [CLS] "
-                       "per row. Use pack=False (or nsp=False, sop=False)")
+      raise ValueError("pack=True with nsp/sop is refused: the sentence-pair head reads one "
+                       "[CLS] and one label per row, a packed row holds several. Use "
+                       "pack=False (data.pack=False), or train without the sentence task")
     if self.dupe_factor < 1:
       raise ValueError(f"dupe_factor={self.dupe_factor} must be >= 1")
 
@@ -318,6 +336,47 @@ def _contiguous(c: Corpus, cfg: ExampleConfig, out: _Builder, cross_docs: bool):
   close()
 
 
+def _documents_packed(c: Corpus, cfg: ExampleConfig, out: _Builder) -> list[list[int]]:
+  """full_sentences packed (module docstring): rows in corpus order, a segment per document
+  or per row-sized chunk of one. Returns the rows as lists of the example indices it added."""
+  T, budget = cfg.max_length, cfg.max_length - 2  # a segment's [CLS] ... [SEP]
+  rows, row, pieces, free = [], [], [], T
+  starts = c.doc_sent_start_D1
+
+  def close_segment():
+    nonlocal pieces
+    if pieces:
+      row.append(len(out.label))
+      out.add(pieces, -1)
+      pieces = []
+
+  def close_row():
+    nonlocal row, free
+    close_segment()
+    if row:
+      rows.append(row)
+    row, free = [], T
+
+  for d in range(c.num_docs):
+    close_segment()  # a new document opens a new segment, in this row if it fits
+    for i in range(int(starts[d]), int(starts[d + 1])):
+      s, e = _run(c, i, 1)
+      if e == s:
+        continue
+      cost = (e - s) + (0 if pieces else 2)
+      if cost > free:  # the rest of the document goes on in the next row, a segment again
+        close_row()
+        while e - s > budget:  # a sentence longer than a row: row-sized pieces of their own
+          pieces = [(s, s + budget, 0, False)]
+          close_row()
+          s += budget
+        cost = (e - s) + 2
+      pieces.append((s, e, 0, False))
+      free -= cost
+  close_row()
+  return rows
+
+
 def _example_lengths(piece_ptr_E1, start_P, end_P, seg_P, sep_before_P, layout: Layout):
   tokens_E = np.add.reduceat(end_P - start_P + sep_before_P, piece_ptr_E1[:-1])
   has_b_E = np.maximum.reduceat(seg_P, piece_ptr_E1[:-1])
@@ -360,12 +419,15 @@ def make_plan(c: Corpus, cfg: ExampleConfig, layout: str = "bert") -> Plan:
     raise ValueError(f"NSP needs at least 2 documents for random next segments; the corpus has "
                      f"{c.num_docs}")
   out = _Builder()
+  doc_rows = []  # full_sentences packed: its rows, planned with its examples
   for k in range(cfg.dupe_factor):
     rng = np.random.default_rng([cfg.seed, k])
     if cfg.format == "segment_pair":
       _segment_pairs(c, cfg, lay, rng, out)
     elif cfg.format == "sentence_pair":
       _sentence_pairs(c, cfg, lay, rng, out)
+    elif cfg.format == "full_sentences" and cfg.pack:
+      doc_rows += _documents_packed(c, cfg, out)
     else:
       _contiguous(c, cfg, out, cross_docs=cfg.format == "full_sentences")
   if len(out.label) == 0:
@@ -376,7 +438,10 @@ def make_plan(c: Corpus, cfg: ExampleConfig, layout: str = "bert") -> Plan:
   ptr_E1 = np.array(out.ptr, np.int64)
   len_E = _example_lengths(ptr_E1, start_P, end_P, seg_P, sep_P, lay)
   assert (len_E <= cfg.max_length).all(), "a planned example exceeds max_length"
-  if cfg.pack:
+  if doc_rows:  # (examples already in row order)
+    ex_ptr = np.concatenate([[0], np.cumsum([len(r) for r in doc_rows])]).astype(np.int64)
+    labels = np.array(out.label, np.int64)
+  elif cfg.pack:
     rows = _pack(len_E, cfg.max_length)
     order = np.array([e for r in rows for e in r], np.int64)
     ex_ptr = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
@@ -452,14 +517,11 @@ class Rows:
     ids.append([self.sep_id]), types.append([cur_seg * typed]), starts.append([False])
     return np.concatenate(ids), np.concatenate(types), np.concatenate(starts)
 
-  def __getitem__(self, r: int) -> dict[str, np.ndarray]:
-    r = int(r)
-    if not 0 <= r < len(self):
-      raise IndexError(f"row {r} out of range [0, {len(self)})")
+  def _row(self, example_indices) -> dict[str, np.ndarray]:
+    """The row holding these examples in this order, segment ids 1..k."""
     row = empty_row(self.cfg.max_length, self.pad_id)
     at = 0
-    first, stop = self.plan.ex_ptr_R1[r], self.plan.ex_ptr_R1[r + 1]
-    for k, e in enumerate(range(first, stop)):
+    for k, e in enumerate(example_indices):
       ids, types, starts = self._example(e)
       n = len(ids)
       row["input_ids"][at:at + n] = ids
@@ -470,5 +532,17 @@ class Rows:
       at += n
     row["mask"][:at] = True
     if self.with_label:
-      row["nsp_label"] = np.int32(self.plan.label_E[first])
+      row["nsp_label"] = np.int32(self.plan.label_E[example_indices[0]])
     return row
+
+  def __getitem__(self, r: int) -> dict[str, np.ndarray]:
+    r = int(r)
+    if not 0 <= r < len(self):
+      raise IndexError(f"row {r} out of range [0, {len(self)})")
+    return self._row(range(self.plan.ex_ptr_R1[r], self.plan.ex_ptr_R1[r + 1]))
+
+  def example_row(self, e: int) -> dict[str, np.ndarray]:
+    """Example e of the plan alone in a row: the row it makes unpacked (tests, benchmarks)."""
+    if not 0 <= int(e) < len(self.plan.len_E):
+      raise IndexError(f"example {e} out of range [0, {len(self.plan.len_E)})")
+    return self._row([int(e)])

@@ -34,6 +34,10 @@ Batch (per host, B_host = global_batch_size / process_count, T = max_length):
   example_id   int32 [B]     with example_ids=True only: the row's index in the plan
   epoch        int32 [B]     with example_ids=True only: the pass over the rows it comes from
                              (static masking keys its masks on (example_id, epoch % dupe_factor))
+The share of a batch's B x T positions that are padding (mask False) is what packing
+(ExampleConfig.pack) saves; the train step reports it per batch as `pad_fraction`
+(objectives/pretraining.pad_fraction) and the trainer logs it in every metrics.jsonl row, with
+real_tokens_per_s (the non-pad tokens per second) beside tokens_per_s (positions).
 """
 import dataclasses
 

@@ -78,6 +78,9 @@ from encoder_jax.data.shard_build import INDEX, SPLITS
 # Bump when sentence splitting, tokenization, the record layout or the choice of documents
 # changes. 2: a source too small for the hash split holds out its smallest-hash documents.
 BUILD_VERSION = 2
+# Bump when examples.make_plan makes other rows from the same documents and ExampleConfig (the
+# token cache, keyed without it, is kept). 2: full_sentences packed keeps documents apart.
+PLAN_VERSION = 2
 
 
 # ---------------------------------------------------------------------------------- sources
@@ -175,10 +178,11 @@ def _source_dir(part: str, vocab_path: str, example: examples.ExampleConfig, roo
          "content": builders.source_key(part, data_dir=root, blank_line_docs=opts.blank_line_docs,
                                         source_data_dir=opts.source_data_dir),
          "vocab_sha256": tokenizer.vocab_digest(vocab_path), "lowercase": lowercase,
-         "example": dataclasses.asdict(example), "docs_per_shard": docs_per_shard}
+         "example": dataclasses.asdict(example), "plan": PLAN_VERSION,
+         "docs_per_shard": docs_per_shard}
   digest = lambda d: hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
   name = builders.slug(part)
-  tokens = {k: v for k, v in key.items() if k != "example"}
+  tokens = {k: v for k, v in key.items() if k not in ("example", "plan")}
   return (str(epath.Path(root) / "pretrain_shards" / f"{name}-{digest(key)}"),
           str(epath.Path(root) / "pretrain_tokens" / f"{name}-{digest(tokens)}"), key)
 

@@ -111,16 +111,8 @@ def loss_and_metrics(model, batch: dict[str, jax.Array], key: jax.Array, obj: Ob
   """
   k_mask, k_drop, k_sample = jax.random.split(key, 3)
   drop = k_drop if train else None
-  ids_BxT, mask_BxT = batch["input_ids"], batch["mask"].astype(bool)
-  specials = jnp.asarray(obj.special_ids, ids_BxT.dtype)
-  maskable_BxT = mask_BxT & ~jnp.isin(ids_BxT, specials)
-  mask_frac, random_frac = obj.fractions
-  masked = mask_tokens(
-      k_mask if mask_keys_B is None else mask_keys_B, ids_BxT, maskable_BxT,
-      vocab_size=obj.vocab_size, mask_id=obj.mask_id,
-      rate=obj.mask_rate, max_predictions=obj.max_predictions, mask_frac=mask_frac,
-      random_frac=random_frac, special_ids=obj.special_ids,
-      word_starts_BxT=batch.get("word_starts") if obj.whole_word else None)
+  mask_BxT = batch["mask"].astype(bool)
+  masked = corrupt(batch, k_mask if mask_keys_B is None else mask_keys_B, obj)
   ctx = dict(mask_BxT=mask_BxT, token_types_BxT=batch.get("token_types"),
              segment_ids_BxT=batch.get("segment_ids"), positions_BxT=batch.get("positions"))
   metrics: dict[str, jax.Array] = {}
@@ -146,7 +138,32 @@ def loss_and_metrics(model, batch: dict[str, jax.Array], key: jax.Array, obj: Ob
     metrics |= mlm_loss(pred_logits_BxPxV, masked.labels_BxP, at_mask_BxP,
                         prefix=f"{pred}_at_mask")[1]
   metrics["loss"] = loss
+  metrics["pad_fraction"] = pad_fraction(mask_BxT)
   return loss, metrics
+
+
+def pad_fraction(mask_BxT: jax.Array) -> jax.Array:
+  """The share of a batch's B x T positions that are padding (False in `mask`): what packing
+  saves. The trainer logs it with every train and eval row (metrics.jsonl `pad_fraction`, a
+  mean over the steps of the row, each step's batch the same size)."""
+  return 1.0 - jnp.mean(mask_BxT.astype(jnp.float32))
+
+
+def corrupt(batch: dict[str, jax.Array], key: jax.Array, obj: ObjectiveConfig):
+  """The MLM corruption of `batch` (masking.MaskedBatch): positions chosen among the real
+  tokens that are not specials ([CLS], [SEP], [PAD], [MASK], [UNK] of `obj.special_ids`), so
+  never a packed row's inner [CLS] / [SEP] nor a pad; with whole-word masking a word ends at a
+  special, so it never spans two packed segments. `key`: one key, or one per row (static
+  masking)."""
+  ids_BxT, mask_BxT = batch["input_ids"], batch["mask"].astype(bool)
+  specials = jnp.asarray(obj.special_ids, ids_BxT.dtype)
+  maskable_BxT = mask_BxT & ~jnp.isin(ids_BxT, specials)
+  mask_frac, random_frac = obj.fractions
+  return mask_tokens(
+      key, ids_BxT, maskable_BxT, vocab_size=obj.vocab_size, mask_id=obj.mask_id,
+      rate=obj.mask_rate, max_predictions=obj.max_predictions, mask_frac=mask_frac,
+      random_frac=random_frac, special_ids=obj.special_ids,
+      word_starts_BxT=batch.get("word_starts") if obj.whole_word else None)
 
 
 def _electra_loss(model: ElectraModel, masked, ctx, obj: ObjectiveConfig, k_sample, drop):

@@ -10,6 +10,8 @@ What a run leaves in `workdir`:
                    `train.keep` plus one rollback checkpoint; TrainState + data iterator + meta
   checkpoints_set_aside/  damaged checkpoints, the state that diverged, rolled-back branches
   metrics.jsonl    train rows every `train.log_every` steps, eval rows every `train.eval_every`
+                   (pad_fraction: the share of padded positions in the batches; tokens_per_s
+                   counts positions, real_tokens_per_s the tokens that are not padding)
   tensorboard/     the same scalars as event files (tensorboardX)
   summary.json     steps, stop reason, wall time, tokens/s, MFU, final train/eval loss
 The workdir may be a local folder or a bucket (--workdir=gs://bucket/runs/x): every file goes
@@ -438,6 +440,8 @@ class _Run:
     if scalars is None:
       return
     scalars |= self.meter.lap(self.step)
+    if "tokens_per_s" in scalars and "pad_fraction" in scalars:  # positions -> real tokens
+      scalars["real_tokens_per_s"] = scalars["tokens_per_s"] * (1.0 - scalars["pad_fraction"])
     scalars["cumulative_flops"] = self.step * self.s.flops_per_step
     self.writer.write(self.step, "train", scalars)
     _say(progress_line(self.step, self.s.end_step, scalars,

@@ -12,7 +12,14 @@ Config fields (`OptimConfig`, built from the `config.optim` ConfigDict by `from_
   b1, b2, eps     Adam moments; BERT's 0.9 / 0.999 / 1e-6
   weight_decay    decoupled decay, 0.01 as BERT/ELECTRA; never on LayerNorm params or biases
   schedule        "linear" (warm-up then linear to end_lr_frac * peak at total_steps), "cosine"
-                  (warm-up then cosine), "constant" (warm-up then flat)
+                  (warm-up then cosine), "constant" (warm-up then flat), "wsd" (warm-up, stable
+                  at the peak, then a decay over the last decay_frac of total_steps: the
+                  trapezoidal / warm-up-stable-decay schedule; Xing et al. 2018, Hu et al. 2024)
+  decay_frac      "wsd": the share of total_steps spent decaying, at the end (ModernBERT: its last
+                  50B of ~2T tokens)
+  decay_shape     "wsd": "linear" (the trapezoid) or "1-sqrt" (lr = end + (peak - end) *
+                  (1 - sqrt(s / decay_steps)) at s steps into the decay; Hägele et al. 2024,
+                  ModernBERT's)
   warmup_steps    linear warm-up from 0 (BERT 10k; 0 is allowed, e.g. pre-LN)
   total_steps     where the decay reaches its end value, counted in optimizer updates
   end_lr_frac     final learning rate as a fraction of the peak (BERT 0)
@@ -62,6 +69,8 @@ from encoder_jax.model.config import dataclass_from_mapping
 # Path components under which a model keeps its transformer blocks (encoder_jax uses "blocks":
 # `blocks/<i>/...` unrolled, `blocks/...` stacked along axis 0 when scanned).
 LAYER_KEYS = ("blocks", "layers")
+SCHEDULES = ("linear", "cosine", "constant", "wsd")
+WSD_DECAYS = ("linear", "1-sqrt")
 _NORM_RE = re.compile(r"(^|_)(ln|norm|layernorm|layer_norm)(_|\d|$)", re.IGNORECASE)
 
 
@@ -79,6 +88,8 @@ class OptimConfig:
   warmup_steps: int = 10_000
   total_steps: int = 1_000_000
   end_lr_frac: float = 0.0
+  decay_frac: float = 0.2
+  decay_shape: str = "linear"
   clip_grad_norm: float = 1.0
   accumulation_steps: int = 1
   layer_decay: float = 1.0
@@ -87,11 +98,13 @@ class OptimConfig:
   def __post_init__(self):
     if self.optimizer not in ("adamw", "lamb"):
       raise ValueError(f"optim.optimizer={self.optimizer!r}; use 'adamw' or 'lamb'.")
-    if self.schedule not in ("linear", "cosine", "constant"):
-      raise ValueError(f"optim.schedule={self.schedule!r}; use 'linear', 'cosine' or 'constant'.")
+    if self.schedule not in SCHEDULES:
+      raise ValueError(f"optim.schedule={self.schedule!r}; use one of {SCHEDULES}.")
     if not 0 <= self.warmup_steps <= self.total_steps:
       raise ValueError(f"optim.warmup_steps={self.warmup_steps} must be in [0, total_steps="
                        f"{self.total_steps}]; raise total_steps or shorten the warm-up.")
+    if self.schedule == "wsd":
+      self._check_wsd()
     if self.accumulation_steps < 1:
       raise ValueError(f"optim.accumulation_steps={self.accumulation_steps} must be >= 1.")
     if not 0 < self.layer_decay <= 1:
@@ -100,6 +113,22 @@ class OptimConfig:
     if self.learning_rate <= 0 or self.clip_grad_norm < 0 or self.weight_decay < 0:
       raise ValueError("optim.learning_rate must be > 0 and clip_grad_norm, weight_decay >= 0; "
                        f"got {self.learning_rate}, {self.clip_grad_norm}, {self.weight_decay}.")
+
+  def _check_wsd(self) -> None:
+    if self.decay_shape not in WSD_DECAYS:
+      raise ValueError(f"optim.decay_shape={self.decay_shape!r}; use one of {WSD_DECAYS}.")
+    if not 0 < self.decay_frac <= 1:
+      raise ValueError(f"optim.decay_frac={self.decay_frac} must be in (0, 1]: the share of "
+                       "total_steps the wsd schedule spends decaying (e.g. 0.2).")
+    if self.warmup_steps + self.decay_steps > self.total_steps:
+      raise ValueError(f"optim.warmup_steps={self.warmup_steps} and the decay's "
+                       f"{self.decay_steps} steps (decay_frac={self.decay_frac} of total_steps="
+                       f"{self.total_steps}) overlap; shorten the warm-up or lower decay_frac.")
+
+  @property
+  def decay_steps(self) -> int:
+    """"wsd": the steps of the final decay (at least 1)."""
+    return max(1, round(self.decay_frac * self.total_steps))
 
   @classmethod
   def from_dict(cls, d: Mapping[str, Any]) -> "OptimConfig":
@@ -115,12 +144,28 @@ def learning_rate_schedule(cfg: OptimConfig) -> optax.Schedule:
     decay = optax.linear_schedule(peak, end, max(decay_steps, 1))
   elif cfg.schedule == "cosine":
     decay = optax.cosine_decay_schedule(peak, max(decay_steps, 1), alpha=cfg.end_lr_frac)
+  elif cfg.schedule == "wsd":
+    decay = _stable_then_decay(cfg, peak, end)
   else:
     decay = optax.constant_schedule(peak)
   if cfg.warmup_steps == 0:
     return decay
   warmup = optax.linear_schedule(0.0, peak, cfg.warmup_steps)
   return optax.join_schedules([warmup, decay], [cfg.warmup_steps])
+
+
+def _stable_then_decay(cfg: OptimConfig, peak: float, end: float) -> optax.Schedule:
+  """wsd after its warm-up: the peak until the last `decay_steps` of total_steps, then the
+  decay_shape down to `end`, reached at total_steps and kept after. (optax has no 1-sqrt
+  decay, so the decay is written here; the linear one is optax's.)"""
+  n = cfg.decay_steps
+  stable = cfg.total_steps - cfg.warmup_steps - n
+  if cfg.decay_shape == "linear":
+    decay = optax.linear_schedule(peak, end, n)
+  else:
+    decay = lambda s: end + (peak - end) * (
+        1.0 - jnp.sqrt(jnp.clip(jnp.asarray(s, jnp.float32) / n, 0.0, 1.0)))
+  return optax.join_schedules([optax.constant_schedule(peak), decay], [stable])
 
 
 def path_names(path: tuple[Any, ...]) -> tuple[Any, ...]:

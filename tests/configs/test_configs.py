@@ -172,6 +172,66 @@ def test_roberta_recipe_refuses_what_roberta_does_not_do():
                      ("recipe=roberta,objective=electra", "MLM"),
                      ("recipe=roberta,runlocal", "two recipes"),
                      ("recipe=roberta,phase=2", "phase=2"),
-                     ("recipe=modernbert", r"recipe='modernbert'; choose one of \['bert'")):
+                     ("recipe=neobert", r"recipe='neobert'; choose one of \['bert'")):
     with pytest.raises(ValueError, match=match):
       pretrain.get_config(arg)
+
+
+# ModernBERT (Warner et al. 2024, arXiv 2412.13663, section 2.2 / Table 3, and the
+# AnswerDotAI/ModernBERT yaml modernbert-base-pretrain.yaml): (peak lr, global batch, warm-up
+# tokens); steps = ceil(1.719T tokens / (batch x 1,024)), warm-up = ceil(tokens / (batch x
+# 1,024)), worked out by hand: 1.719e12 / 4,718,592 = 364,303.3; 3e9 / 4,718,592 = 635.8;
+# 1.719e12 / 5,046,272 = 340,647.4; 2e9 / 5,046,272 = 396.3.
+@pytest.mark.parametrize("size,lr,batch,steps,warmup", [
+    ("modernbert-base", 8e-4, 4608, 364_304, 636),
+    ("modernbert-large", 5e-4, 4928, 340_648, 397)])
+def test_modernbert_recipe_values(size, lr, batch, steps, warmup):
+  from encoder_jax.model.config import MODERNBERT_BLOCK
+  from encoder_jax.train.optim import OptimConfig, learning_rate_schedule
+  c = pretrain.get_config("recipe=modernbert" + ("" if size == "modernbert-base" else
+                                                 f",size={size}"))
+  assert c.size == size
+  cfg = to_model_config(c)
+  assert all(getattr(cfg, k) == v for k, v in MODERNBERT_BLOCK.items())  # the block, whole
+  assert (c.data.vocab, c.data.format, c.data.pack, c.data.max_length, c.data.batch_size) == (
+      "demo-bpe:50368", "full_sentences", True, 1024, batch)
+  o = c.objective
+  assert (o.objective, o.sentence_task, o.mask_rate, o.mask_frac, o.random_frac, o.masking,
+          o.whole_word) == ("mlm", "none", 0.3, 0.8, 0.1, "dynamic", False)
+  p = c.optim
+  assert (p.optimizer, p.learning_rate, p.b1, p.b2, p.eps, p.clip_grad_norm) == (
+      "adamw", lr, 0.9, 0.98, 1e-6, 0.0)
+  # ModernBERT's fully decoupled 1e-5 (w *= 1 - 1e-5 * lr_t / lr_peak) as optax's coupled one
+  assert p.weight_decay == pytest.approx(1e-5 / lr) and lr * p.weight_decay == pytest.approx(1e-5)
+  assert (p.schedule, p.decay_shape, p.warmup_steps, p.end_lr_frac) == ("wsd", "1-sqrt", warmup,
+                                                                        0.0)
+  assert p.decay_frac == pytest.approx(50 / 1719) and c.train.steps == steps
+  sched = learning_rate_schedule(OptimConfig.from_dict({**p.to_dict(), "total_steps": steps}))
+  decay_start = steps - round(steps * 50 / 1719)
+  assert float(sched(warmup)) == pytest.approx(lr) and float(sched(decay_start)) == (
+      pytest.approx(lr))
+  assert float(sched(steps)) == 0.0 and float(sched(warmup // 2)) == pytest.approx(lr / 2, 0.01)
+  bert = pretrain.get_config("size=base")  # the default recipe is untouched
+  assert (bert.optim.schedule, bert.objective.mask_rate, bert.data.pack) == ("linear", 0.15,
+                                                                            False)
+
+
+def test_modernbert_recipe_refuses_what_modernbert_does_not_do():
+  for arg, match in (("recipe=modernbert,nsp=nsp", "sentence task"),
+                     ("recipe=modernbert,objective=electra", "MLM"),
+                     ("recipe=modernbert,runlocal", "two recipes"),
+                     ("recipe=modernbert,phase=2", "phase=2"),
+                     ("recipe=modernbert,size=base", "size=modernbert-base"),
+                     ("recipe=modernbert,norm=post", "pre-LN")):
+    with pytest.raises(ValueError, match=match):
+      pretrain.get_config(arg)
+
+
+def test_presets_that_pack():
+  """The ModernBERT sizes and recipe=roberta|modernbert pack by default; BERT's recipe and a
+  sentence task (which cannot pack) do not."""
+  for arg, pack in (("size=modernbert-base", True), ("size=modernbert-large", True),
+                    ("recipe=roberta", True), ("recipe=modernbert", True),
+                    ("size=modernbert-base,nsp=nsp", False), ("size=base", False), ("", False),
+                    ("runlocal", False)):
+    assert pretrain.get_config(arg).data.pack is pack, arg

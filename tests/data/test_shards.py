@@ -116,7 +116,7 @@ def test_byte_level_bpe_rows_are_the_shard_plans_rows(tmp_path, corpus_dir, exam
   for k, s in enumerate(shards.read_index(folder)["splits"]["train"]["shards"]):
     corpus = examples.Corpus.from_records(
         r for _, r in builders.tokenize_documents(docs[16 * k:16 * (k + 1)], bpe))
-    cfg = dataclasses.replace(example, seed=shards.shard_seed(example.seed, "train", k))
+    cfg = dataclasses.replace(example, seed=shard_build.shard_seed(example.seed, "train", k))
     want = examples.Rows(corpus, examples.make_plan(corpus, cfg, "roberta"), cfg, bpe.cls_id,
                          bpe.sep_id, bpe.pad_id, "roberta")
     assert s["rows"] == len(want) > 0

@@ -120,3 +120,16 @@ def test_published_corruption_splits_and_bad_choices():
     ObjectiveConfig(objective="t5")
   with pytest.raises(ValueError, match="sentence_task"):
     ObjectiveConfig(sentence_task="next")
+
+
+def test_pad_fraction_is_the_share_of_padded_positions():
+  """A hand-built batch of 8 rows x 16 positions holding 16, 10, 6, 6, 7, 8, 9 and 16 real
+  tokens (78 of 128): 50 / 128 of it is padding, whatever the ids say."""
+  lengths = np.array([16, 10, 6, 6, 7, 8, 9, 16])
+  batch = _batch()
+  batch["mask"] = np.arange(T)[None, :] < lengths[:, None]
+  batch["input_ids"] = np.where(batch["mask"], batch["input_ids"], PAD)
+  batch["input_ids"][:, 1] = PAD  # a pad id inside a row is still a real position
+  batch["mask"][:, 1] = True
+  _, metrics, _ = _run(_obj(), batch, train=True)
+  assert metrics["pad_fraction"] == pytest.approx(50 / 128, abs=1e-7)

@@ -108,6 +108,32 @@ def test_schedules():
   np.testing.assert_allclose([no_warmup(0), no_warmup(50)], [3e-4, 1.5e-4], rtol=1e-6)
 
 
+def test_wsd_schedule_by_hand():
+  """Warm-up 10, stable to step 70, decay over the last 30 (decay_frac 0.3 of 100) to 0.1:
+  values computed by hand from the formulas in the module docstring."""
+  kw = dict(learning_rate=2.0, warmup_steps=10, total_steps=100, end_lr_frac=0.1,
+            schedule="wsd", decay_frac=0.3)
+  lin = optim.learning_rate_schedule(OptimConfig(decay_shape="linear", **kw))
+  sqrt = optim.learning_rate_schedule(OptimConfig(decay_shape="1-sqrt", **kw))
+  steps = [0, 5, 10, 45, 69, 70, 77.5, 85, 100, 200]
+  # warm-up 0 -> 2 over 10 steps; stable 2.0 in [10, 70); at 70 + s: 0.2 + 1.8 * f(s / 30)
+  want_lin = [0.0, 1.0, 2.0, 2.0, 2.0, 2.0, 0.2 + 1.8 * 0.75, 0.2 + 1.8 * 0.5, 0.2, 0.2]
+  want_sqrt = [0.0, 1.0, 2.0, 2.0, 2.0, 2.0, 0.2 + 1.8 * 0.5, 0.2 + 1.8 * (1 - 0.5 ** 0.5),
+               0.2, 0.2]
+  np.testing.assert_allclose([lin(s) for s in steps], want_lin, rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose([sqrt(s) for s in steps], want_sqrt, rtol=1e-6, atol=1e-7)
+  assert OptimConfig(**kw).decay_steps == 30
+  no_warmup = optim.learning_rate_schedule(OptimConfig(
+      learning_rate=1.0, warmup_steps=0, total_steps=100, schedule="wsd", decay_frac=1.0,
+      decay_shape="1-sqrt"))
+  np.testing.assert_allclose([no_warmup(0), no_warmup(25), no_warmup(100)], [1.0, 0.5, 0.0],
+                             atol=1e-7)  # all decay, 1-sqrt: 1 - sqrt(1/4) at a quarter
+  for bad, match in ((dict(decay_frac=0.0), "decay_frac"), (dict(decay_shape="cos"), "1-sqrt"),
+                     (dict(warmup_steps=80), "overlap")):
+    with pytest.raises(ValueError, match=match):
+      OptimConfig(**{**kw, **bad})
+
+
 def run_steps(tx, params, grads_list):
   state = tx.init(params)
   step = jax.jit(tx.update)
