@@ -1,7 +1,7 @@
 r"""Input pipeline throughput: tokens/s the grain loader delivers, per format.
 
-  python bench/input_pipeline.py                       # demo corpus, T=128, batch 32
-  python bench/input_pipeline.py --max_length=512 --repeats=7 --train_tokens_per_s=6000
+  python -m bench.input_pipeline                       # demo corpus, T=128, batch 32
+  python -m bench.input_pipeline --max_length=512 --repeats=7 --train_tokens_per_s=6000
 
 Each format is timed `repeats` times, interleaved (A B C A B C ...) so drift of a shared,
 noisy machine hits all alike; the median is printed. "real" counts non-pad tokens, "slots"

@@ -1,8 +1,8 @@
 r"""Learning per second: our trainer vs HF torch `BertForMaskedLM` on the same recipe.
 
-  python bench/learning_vs_hf.py                       # tiny, 800 steps, + demo recipe
-  python bench/learning_vs_hf.py --steps=20 --warmup_steps=5 --eval_every=10 --nodemo
-  python bench/learning_vs_hf.py --dry_run --out_dir=/tmp/x   # 3 steps: are the inputs equal?
+  python -m bench.learning_vs_hf                       # tiny, 800 steps, + demo recipe
+  python -m bench.learning_vs_hf --steps=20 --warmup_steps=5 --eval_every=10 --nodemo
+  python -m bench.learning_vs_hf --dry_run --out_dir=/tmp/x   # 3 steps: are the inputs equal?
 
 1. Same recipe. Our trainer (configs/pretrain.py, post-LN, --size) and HF's BertForMaskedLM of
    the same shape start from the same weights (ours exported with

@@ -104,10 +104,6 @@ def test_finetune_from_the_gcs_checkpoint(env, straight):
   for x, y in zip(got, want):
     np.testing.assert_array_equal(x, np.asarray(y))
 
-  sys_path = str(ROOT)
-  import sys  # pylint: disable=g-import-not-at-top
-  if sys_path not in sys.path:
-    sys.path.insert(0, sys_path)
   from configs import finetune as finetune_config  # pylint: disable=g-import-not-at-top
   c = finetune_config.get_config(f"task=glue/sst2,init=ckpt:{workdir}")
   c.update(dict(max_length=32, length_bucket=0, epochs=1, batch_size=4, eval_batch_size=8,
