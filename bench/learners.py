@@ -79,7 +79,7 @@ class OursLearner:
     self.state = loop.initial_state(s.init_fn, state_shardings)
     if payload.get("export_dir"):  # the HF peer starts from exactly these weights
       from flax import nnx
-      from encoder_jax.convert.hf_bert import export_hf_bert
+      from encoder_jax.hf.bert import export_hf_bert
       export_hf_bert(nnx.merge(s.trainer.graphdef_eval, self.state.params),
                      payload["export_dir"])
 

@@ -6,7 +6,7 @@ r"""Learning per second: our trainer vs HF torch `BertForMaskedLM` on the same r
 
 1. Same recipe. Our trainer (configs/pretrain.py, post-LN, --size) and HF's BertForMaskedLM of
    the same shape start from the same weights (ours exported with
-   encoder_jax.convert.hf_bert.export_hf_bert), see the same rows (our loader's FULL-SENTENCES
+   encoder_jax.hf.bert.export_hf_bert), see the same rows (our loader's FULL-SENTENCES
    batches of the demo corpus with the demo vocab, in stream order) with the same masks (HF
    gets them corrupted on the host by our `mask_tokens`, keyed as our step keys its own:
    fold_in(key(seed), step)), and the same optimiser (AdamW 0.9/0.999/1e-6, decay 0.01 off

@@ -22,7 +22,6 @@ import numpy as np
 from absl import logging
 
 from encoder_jax import paths
-from encoder_jax.convert import load
 from encoder_jax.finetune import backbone as backbone_lib
 from encoder_jax.finetune import metrics as metrics_lib
 from encoder_jax.finetune import tasks as tasks_lib
@@ -31,7 +30,7 @@ from encoder_jax.model.attention import describe_attention
 from encoder_jax.model.matmul import describe_dots
 from encoder_jax.model.config import SIZES, ModelConfig
 from encoder_jax.model.heads import pool
-from encoder_jax.train import sharding
+from encoder_jax.train import pretrained, sharding
 
 
 def _random_config(config) -> tuple[ModelConfig, str | None]:
@@ -42,20 +41,20 @@ def _random_config(config) -> tuple[ModelConfig, str | None]:
   if like in SIZES:
     return ModelConfig(**{**SIZES[like], **overrides}), None
   if like == "minilm" or like.startswith(("hf:", "ckpt:")):
-    return load.backbone_config(like, overrides, config.cache_dir or None)
+    return pretrained.backbone_config(like, overrides, config.cache_dir or None)
   raise ValueError(f"random_like={like!r}; use 'minilm', 'hf:<dir>', 'ckpt:<dir>' or a size "
                    f"{sorted(SIZES)}.")
 
 
-def _backbone(config) -> load.Backbone:
+def _backbone(config) -> pretrained.Backbone:
   if config.init == "random":
     cfg, vocab = _random_config(config)
-    return load.Backbone(cfg, None, None, "random", vocab)
-  return load.load_backbone(config.init, model_overrides=config.model.to_dict(),
+    return pretrained.Backbone(cfg, None, None, "random", vocab)
+  return pretrained.load_backbone(config.init, model_overrides=config.model.to_dict(),
                             cache_dir=config.cache_dir or None)
 
 
-def _tokenizer(config, bb: load.Backbone):
+def _tokenizer(config, bb: pretrained.Backbone):
   from encoder_jax.data.builders import resolve_vocab
   from encoder_jax.data.fetch import minilm_vocab
   from encoder_jax.data import tokenizer

@@ -175,28 +175,23 @@ def unigram_baseline(s: setup.Setup, train_rows) -> tuple[jax.Array, float]:
           unigram.unigram_entropy(counts, s.obj.special_ids))
 
 
-def start_state(s: setup.Setup, state_shardings=None,
-                pretrained: init_from.Pretrained | None = None) -> step_lib.TrainState:
-  """A new run's state: initialised from the seed, with config.init_from's parameters put in."""
+def start_state(s: setup.Setup, state_shardings=None) -> step_lib.TrainState:
+  """A new run's state: initialised from the seed, with config.init_from's parameters put in
+  (loaded here, train/init_from.py)."""
   state = initial_state(s.init_fn, state_shardings)
   if not s.init_from:
     return state
-  if pretrained is None:
-    raise setup.ConfigError(
-        f"config.init_from={s.init_from!r} is loaded by the entry point: run python -m "
-        "encoder_jax.main --mode=pretrain (or call encoder_jax.pretrain.pretrain instead of "
-        "train_and_evaluate).")
+  with Stage(f"loading init_from={s.init_from}"):
+    source = init_from.load(s.init_from, s.data.cache_dir)
   vocab = resolve_vocab(s.data.vocab, s.data.cache_dir)
-  return state._replace(params=init_from.apply(state.params, pretrained, s.obj.is_electra,
-                                               vocab, _say))
+  return state._replace(params=init_from.apply(state.params, source, s.obj.is_electra, vocab,
+                                               _say))
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                       pretrained: init_from.Pretrained | None = None) -> dict:
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Trains (resuming from `workdir` if it holds checkpoints), evaluates; returns the summary.
-
-  A new run starts from `pretrained`'s parameters when config.init_from names a source
-  (encoder_jax.pretrain.pretrain loads it; encoder_jax.train.init_from)."""
+  A new run starts from config.init_from's parameters when it names a source
+  (encoder_jax.train.init_from)."""
   t_start = time.perf_counter()
   workdir = paths.absolute(workdir)  # a gs:// workdir stays one (encoder_jax.paths)
   if not paths.is_uri(workdir):  # (a bucket needs no folders)
@@ -231,8 +226,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if eval_loader is not None:
       steps.start_eval(baseline[0])
     begin = recovery.restore_or_init(
-        ckpt, t, abstract, lambda: start_state(s, state_shardings, pretrained),
-        train_it, _say)
+        ckpt, t, abstract, lambda: start_state(s, state_shardings), train_it, _say)
     if begin.step and recorded_config is not None:
       note = setup.schedule_change_note(recorded_config, s, begin.step)
       if note:

@@ -13,7 +13,7 @@ generator as ElectraForMaskedLM, and our ElectraModel as both: the discriminator
 generator in `dir/generator`. import(export(params)) is bit-exact (transposes and reshapes).
 A generator is BERT's MLM model with ELECTRA's embedding projection, so an MLM run with an
 embedding_size != hidden_size (which HF BERT cannot hold) exports as ElectraForMaskedLM too
-(FAMILY, encoder_jax.convert.load.FAMILIES).
+(FAMILY, encoder_jax.hf.FAMILIES).
 
 Tied embeddings: our ElectraModel keeps ONE embeddings module (token, position and type tables
 and their LayerNorm) for generator and discriminator, as ELECTRA pre-training does; HF keeps a
@@ -21,7 +21,7 @@ copy in each model. Export writes the same tables into both folders; importing a
 that the two copies agree, and where they do not, keeps the discriminator's and logs how far
 apart they were.
 
-The encoder layers are BERT's (same tensor names), so the per-layer maps are hf_bert's; ELECTRA
+The encoder layers are BERT's (same tensor names), so the per-layer maps are bert.py's; ELECTRA
 adds `embeddings_project` when embedding_size != hidden_size (ELECTRA-small: 128 -> 256).
 """
 from __future__ import annotations
@@ -35,9 +35,9 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from encoder_jax.convert.families import (Family, Gap, Weights, Written, encoder_gaps,
+from encoder_jax.hf.families import (Family, Gap, Weights, Written, encoder_gaps,
                                           mlm_head_gaps)
-from encoder_jax.convert.hf_bert import (_assign, _dense_from_hf, _dense_to_hf,
+from encoder_jax.hf.bert import (_assign, _dense_from_hf, _dense_to_hf,
                                          _encoder_from_hf, _encoder_to_hf, _ln_from_hf,
                                          _ln_to_hf, _pure_params, hf_config,
                                          hf_config_to_model_config, read_hf_folder,
@@ -56,7 +56,7 @@ _RTD, _GEN = "discriminator_predictions.", "generator_predictions."
 def hf_electra_gaps(cfg: ModelConfig, *, generator: bool = False) -> list[Gap]:
   """What in `cfg` (a generator's when `generator`) HF ELECTRA cannot represent; empty: the
   export computes what we compute. (No token types, type_vocab_size=0, exports as one type of
-  zeros: hf_bert._encoder_to_hf.)"""
+  zeros: bert._encoder_to_hf.)"""
   gaps = encoder_gaps(cfg)
   # HF's ElectraGeneratorPredictions applies exact GELU whatever hidden_act says; our MLM head
   # applies cfg.activation, so only "gelu" gives the same numbers on both sides.

@@ -7,8 +7,8 @@ Export: `export_hf_bert(model, dir)` writes a checkpoint that `transformers.Bert
 `BertForPreTraining` (`BertForMaskedLM` for a model without NSP) `.from_pretrained(dir)` loads;
 import(export(params)) is bit-exact (pure transposes and reshapes).
 
-FAMILY (encoder_jax.convert.families): BERT in the registry of encoder_jax.convert.load;
-hf_roberta and hf_electra reuse the per-layer maps and the folder writer here.
+FAMILY (encoder_jax.hf.families): BERT in the registry of encoder_jax.hf;
+roberta.py and electra.py reuse the per-layer maps and the folder writer here.
 
 Layout differences handled here: torch Linear weights are [out, in] (ours [in, out]); BERT's
 separate query/key/value become our fused [D, 3, N, H] kernel; scanned stacks hold every
@@ -29,7 +29,7 @@ from absl import logging
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
-from encoder_jax.convert.families import Family, Gap, Weights, Written, encoder_gaps
+from encoder_jax.hf.families import Family, Gap, Weights, Written, encoder_gaps
 from encoder_jax.model.bert import BertForPreTraining, BertModel
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.objectives.pretraining import ObjectiveConfig
@@ -279,11 +279,11 @@ def load_hf_bert(path: str | os.PathLike, *, pretraining: bool = False, nsp: boo
   """
   hf_cfg, tensors = read_hf_folder(path)
   if (model_type := hf_cfg.get("model_type", "bert")) != "bert":
-    loader = {"electra": "load_hf_electra", "roberta": "load_hf_roberta"}.get(model_type)
+    loader = {"electra": "electra.load_hf_electra",
+              "roberta": "roberta.load_hf_roberta"}.get(model_type)
     raise ValueError(f"{path} is not a BERT checkpoint (model_type={model_type!r}); load it "
-                     f"with {f'encoder_jax.convert.{loader} or ' if loader else ''}"
-                     "encoder_jax.convert.load.load_backbone('hf:<dir>'), which picks the "
-                     "family's converter.")
+                     f"with {f'encoder_jax.hf.{loader} or ' if loader else ''}"
+                     "encoder_jax.hf.read(<dir>), which picks the family's converter.")
   cfg = hf_config_to_model_config(hf_cfg, **config_overrides)
   params = hf_tensors_to_params(tensors, cfg, pretraining=pretraining, nsp=nsp, pooler=pooler)
   # Build the module abstractly (no random init of ~100M numbers we would overwrite at once),

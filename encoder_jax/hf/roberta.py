@@ -16,7 +16,7 @@ differs from BERT in three places, all handled here:
   * the LM head (RobertaLMHead): dense + exact GELU + LayerNorm + decoder tied to the token
     embedding, with a bias: our MlmHead when model.activation is "gelu" (HF applies exact GELU
     there whatever hidden_act says).
-The encoder layers are BERT's (same tensor names): hf_bert's per-layer maps.
+The encoder layers are BERT's (same tensor names): bert.py's per-layer maps.
 
 Import: `load_hf_roberta(dir)`: RobertaForMaskedLM -> our BertForPreTraining(nsp=False);
 RobertaModel -> our BertModel (with its pooler when the folder has one).
@@ -37,8 +37,8 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from encoder_jax.convert.families import Family, Gap, Weights, Written, encoder_gaps, mlm_head_gaps
-from encoder_jax.convert.hf_bert import (_assign, _dense_from_hf, _dense_to_hf,
+from encoder_jax.hf.families import Family, Gap, Weights, Written, encoder_gaps, mlm_head_gaps
+from encoder_jax.hf.bert import (_assign, _dense_from_hf, _dense_to_hf,
                                          _encoder_from_hf, _encoder_to_hf, _ln_from_hf,
                                          _ln_to_hf, _pure_params, hf_config,
                                          hf_config_to_model_config, read_hf_folder,
@@ -85,7 +85,7 @@ def hf_roberta_gaps(cfg: ModelConfig, *, lm_head: bool) -> list[Gap]:
 def run_gaps(cfg: ModelConfig, obj: ObjectiveConfig) -> list[Gap]:
   """FAMILY.gaps: a RoBERTa-shaped run: MLM alone, one token type (or none), no projection.
   Two token types HF RoBERTa could hold, but a run with them is BERT-shaped, and BERT (next
-  in load.FAMILIES) exports it."""
+  in hf.FAMILIES) exports it."""
   gaps = hf_roberta_gaps(cfg, lm_head=True)
   if cfg.type_vocab_size > 1:
     gaps.append(Gap(f"model.type_vocab_size={cfg.type_vocab_size}", "RoBERTa has one token "

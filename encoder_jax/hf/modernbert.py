@@ -37,8 +37,8 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from encoder_jax.convert.families import Family, Gap, Weights, Written
-from encoder_jax.convert.hf_bert import _assign, _pure_params, read_hf_folder, write_hf_folder
+from encoder_jax.hf.families import Family, Gap, Weights, Written
+from encoder_jax.hf.bert import _assign, _pure_params, read_hf_folder, write_hf_folder
 from encoder_jax.model.bert import BertForPreTraining, BertModel
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.model.electra import ElectraModel
