@@ -63,7 +63,7 @@ class OursLearner:
   def __init__(self, spec: LearnSpec, payload: dict):
     import jax
     from encoder_jax.data import unigram
-    from encoder_jax.data.builders import resolve_vocab
+    from encoder_jax.data.vocab import resolve_vocab
     from encoder_jax.data import tokenizer
     from encoder_jax.train import loop, setup, sharding
     from encoder_jax.train import step as step_lib

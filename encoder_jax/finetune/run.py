@@ -55,7 +55,7 @@ def _backbone(config) -> pretrained.Backbone:
 
 
 def _tokenizer(config, bb: pretrained.Backbone):
-  from encoder_jax.data.builders import resolve_vocab
+  from encoder_jax.data.vocab import resolve_vocab
   from encoder_jax.data.fetch import minilm_vocab
   from encoder_jax.data import tokenizer
   vocab = config.vocab or bb.vocab  # the flag, else what the source was trained with

@@ -74,7 +74,7 @@ import numpy as np
 
 from encoder_jax import paths
 from encoder_jax.data import unigram
-from encoder_jax.data.builders import resolve_vocab
+from encoder_jax.data.vocab import resolve_vocab
 from encoder_jax.model import matmul
 from encoder_jax.train import flops as flops_lib
 from encoder_jax.train import init_from

@@ -42,7 +42,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from encoder_jax import paths
-from encoder_jax.data.builders import resolve_vocab
+from encoder_jax.data.vocab import resolve_vocab
 from encoder_jax.objectives import pretraining
 from encoder_jax.train import setup as setup_lib
 

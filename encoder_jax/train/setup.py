@@ -24,7 +24,7 @@ import ml_collections
 import numpy as np
 
 from encoder_jax.data import examples, pipeline, shards, tokenizer, unigram
-from encoder_jax.data.builders import resolve_vocab
+from encoder_jax.data.vocab import resolve_vocab
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.objectives import pretraining
 from encoder_jax.train import flops as flops_lib

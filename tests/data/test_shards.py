@@ -14,8 +14,8 @@ import sys
 import numpy as np
 import pytest
 
-from encoder_jax.data import (builders, examples, pipeline, records, shard_build, shards, sources,
-                              tokenizer)
+from encoder_jax.data import (examples, pipeline, records, shard_build, shards, sources, tokenizer,
+                              vocab as vocab_lib)
 
 # Two synthetic sources whose words (hence WordPiece ids) are disjoint: a row's ids tell which
 # source each of its segments came from.
@@ -41,7 +41,7 @@ def _write_txt(folder, words, n_docs, seed):
 
 @pytest.fixture(scope="module")
 def tok():
-  return tokenizer.WordPieceTokenizer.load(builders.resolve_vocab("minilm"))
+  return tokenizer.WordPieceTokenizer.load(vocab_lib.resolve_vocab("minilm"))
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,7 @@ def test_rows_are_the_shard_plans_rows(tmp_path, corpus_dir, tok):
   # Shard 1 (the second) rebuilt in memory: its documents are train documents 16..31.
   docs = [sources.Document(i, sources.split_sentences(t))
           for i, t in sources.local_texts(source[6:]) if sources.split_of(i) == "train"][16:32]
-  corpus = examples.Corpus.from_records(r for _, r in builders.tokenize_documents(docs, tok))
+  corpus = examples.Corpus.from_records(r for _, r in tokenizer.tokenize_documents(docs, tok))
   cfg = dataclasses.replace(NSP, seed=shard_build.shard_seed(NSP.seed, "train", 1))
   expected = examples.Rows(corpus, examples.make_plan(corpus, cfg), cfg, tok.cls_id, tok.sep_id,
                            tok.pad_id)
@@ -105,7 +105,7 @@ def test_byte_level_bpe_rows_are_the_shard_plans_rows(tmp_path, corpus_dir, exam
   """With a byte-level BPE vocab the shards hold RoBERTa's rows (`<s> A </s></s> B </s>`, no
   token types): every shard's records decode to exactly examples.Rows of its documents planned
   in that layout."""
-  bpe = tokenizer.load(builders.resolve_vocab("demo-bpe"))
+  bpe = tokenizer.load(vocab_lib.resolve_vocab("demo-bpe"))
   source = f"files:{corpus_dir}/a/*.txt"
   (folder, _), = shards.prepare_shards(source, "demo-bpe", example, tmp_path, workers=0,
                                        docs_per_shard=16)
@@ -115,7 +115,7 @@ def test_byte_level_bpe_rows_are_the_shard_plans_rows(tmp_path, corpus_dir, exam
   at = 0
   for k, s in enumerate(shards.read_index(folder)["splits"]["train"]["shards"]):
     corpus = examples.Corpus.from_records(
-        r for _, r in builders.tokenize_documents(docs[16 * k:16 * (k + 1)], bpe))
+        r for _, r in tokenizer.tokenize_documents(docs[16 * k:16 * (k + 1)], bpe))
     cfg = dataclasses.replace(example, seed=shards.shard_seed(example.seed, "train", k))
     want = examples.Rows(corpus, examples.make_plan(corpus, cfg, "roberta"), cfg, bpe.cls_id,
                          bpe.sep_id, bpe.pad_id, "roberta")
@@ -333,7 +333,7 @@ def test_another_example_config_replans_from_the_token_cache(tmp_path, corpus_di
   other = examples.ExampleConfig(format="doc_sentences", max_length=48, seed=9)
   token_dir, = (tmp_path / "pretrain_tokens").iterdir()
   n_cached = len(list(token_dir.glob("*.npz")))
-  monkeypatch.setattr(builders, "tokenize_documents",
+  monkeypatch.setattr(tokenizer, "tokenize_documents",
                       lambda *a, **k: pytest.fail("tokenized again"))
   (second, _), = shards.prepare_shards(source, "minilm", other, tmp_path, workers=0,
                                        docs_per_shard=16)

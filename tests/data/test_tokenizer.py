@@ -111,7 +111,7 @@ def test_trained_vocab_file_is_in_canonical_order(tmp_path):
 
 
 def test_resolve_vocab_names(tmp_path):
-  from encoder_jax.data.builders import resolve_vocab
+  from encoder_jax.data.vocab import resolve_vocab
   with pytest.raises(ValueError, match="demo:8192"):
     resolve_vocab("demo:lots")
   with pytest.raises(FileNotFoundError, match="demo"):
@@ -123,14 +123,14 @@ def test_the_demo_vocab_is_the_committed_file_on_every_machine(tmp_path):
   `demo:8192` resolve to the committed file whatever the cache, with its recorded sha256, and
   nothing is trained or written into the cache."""
   import hashlib
-  from encoder_jax.data import builders
+  from encoder_jax.data import vocab as vocab_lib
   for name in ("demo", "demo:8192"):
-    path = builders.resolve_vocab(name, cache_dir=tmp_path)
-    assert path == str(builders.DEMO_VOCAB_FILE)
-  data = builders.DEMO_VOCAB_FILE.read_bytes()
-  assert hashlib.sha256(data).hexdigest() == builders.DEMO_VOCAB_SHA256
+    path = vocab_lib.resolve_vocab(name, cache_dir=tmp_path)
+    assert path == str(vocab_lib.DEMO_VOCAB_FILE)
+  data = vocab_lib.DEMO_VOCAB_FILE.read_bytes()
+  assert hashlib.sha256(data).hexdigest() == vocab_lib.DEMO_VOCAB_SHA256
   lines = data.decode().splitlines()
-  assert len(lines) == len(set(lines)) == builders.DEMO_VOCAB_SIZE
+  assert len(lines) == len(set(lines)) == vocab_lib.DEMO_VOCAB_SIZE
   assert lines[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
   assert lines[5:] == sorted(lines[5:])
   assert not (tmp_path / "vocab").exists()

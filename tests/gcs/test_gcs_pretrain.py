@@ -26,7 +26,7 @@ import tensorflow_datasets as tfds
 
 from encoder_jax import paths
 from encoder_jax.convert import export
-from encoder_jax.data.builders import resolve_vocab
+from encoder_jax.data.vocab import resolve_vocab
 from encoder_jax.finetune import finetune_and_evaluate
 from encoder_jax.train import checkpoint, loop, pretrained, setup
 from loop_helpers import (DOCS, N, ROOT, assert_bitwise_equal, budget_for,
