@@ -74,7 +74,7 @@ class OursLearner:
     mesh = sharding.mesh_from_config(config.get("mesh", "auto"))
     state_shardings = sharding.state_shardings(jax.eval_shape(s.init_fn), mesh)
     self.to_device = lambda batch: sharding.shard_batch(batch, mesh)
-    it = iter(setup.make_loader(config, "train"))
+    it = iter(setup.make_loader(setup.DataSettings.of(config), "train"))
     self.batches = [next(it) for _ in range(payload["steps"])]
     self.state = loop.initial_state(s.init_fn, state_shardings)
     if payload.get("export_dir"):  # the HF peer starts from exactly these weights
@@ -89,10 +89,11 @@ class OursLearner:
     if eval_obj.vocab_size != s.obj.vocab_size:
       raise ValueError(f"eval_config's vocabulary ({eval_obj.vocab_size} ids) is not the "
                        f"model's ({s.obj.vocab_size}); evaluate on batches of the same vocab.")
-    eval_it = iter(setup.make_loader(eval_config, eval_config.data.eval_split))
+    eval_data = setup.DataSettings.of(eval_config)
+    eval_it = iter(setup.make_loader(eval_data, eval_data.eval_split))
     self.eval_batches = [self.to_device(next(eval_it))
                          for _ in range(eval_config.train.eval_steps)]
-    counts = setup.train_unigram_counts(eval_config, eval_obj.vocab_size)
+    counts = setup.train_unigram_counts(eval_data, eval_obj.vocab_size)
     self.unigram_logp_V = jax.numpy.asarray(unigram.unigram_log_probs(counts,
                                                                       eval_obj.special_ids))
     # The eval step is the trainer's, only its objective (mask rate, fractions) is eval_config's.

@@ -131,8 +131,8 @@ def prepare_hf(config, workdir: str, hf_dir: str) -> dict:
   for split, n, key_of in (
       ("train", _STEPS.value, lambda i: step_lib.step_key(config.seed, i)),
       ("eval", config.train.eval_steps, lambda i: step_lib.step_key(eval_seed, i))):
-    it = iter(setup.make_loader(config, "train" if split == "train" else
-                               config.data.eval_split))
+    it = iter(setup.make_loader(setup.DataSettings.of(config),
+                                "train" if split == "train" else config.data.eval_split))
     cols = {k: [] for k in ("ids", "mask", "token_types", "positions", "labels")}
     for i in range(n):
       b = next(it)

@@ -368,11 +368,12 @@ def test_a_training_config_selects_the_sharded_mixture(tmp_path, corpus_dir):
       source=f"mix:files:{corpus_dir}/a/*.txt@0.5+files:{corpus_dir}/b/*.txt@0.5",
       data_dir=str(tmp_path), max_length=32, batch_size=8, build_workers=0,
       shard_docs=16))
-  loader = setup.make_loader(config, "train")
+  data = setup.DataSettings.of(config)
+  loader = setup.make_loader(data, "train")
   assert isinstance(loader.rows, shards.ShardedRows) and len(loader.rows.names) == 2
   batch = next(iter(loader))
   assert batch["input_ids"].shape == (8, 32) and batch["nsp_label"].shape == (8,)
-  counts = setup.train_unigram_counts(config, loader.tokenizer.vocab_size)
+  counts = setup.train_unigram_counts(data, loader.tokenizer.vocab_size)
   # against the rows as the loader decodes them (not the ids-only fast path the count uses)
   rows = loader.rows
   want = np.bincount(np.concatenate([rows[i]["input_ids"][rows[i]["mask"]]
