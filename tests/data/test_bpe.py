@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from encoder_jax.data import sources, tokenizer, vocab as vocab_lib
+from word_labels import check_first_piece_labels
 
 ODD = [
     "Café naïve RÉSUMÉ façade, jalapeño and Ærø",       # accents: cased, nothing stripped
@@ -101,16 +102,7 @@ def test_pre_split_words_match_roberta_with_prefix_space(bpe_tok, hf):
   _, roberta = hf
   words = [["Call", "me", "Ishmael", "."], ["Unbelievably", "tokenizable", "Café"] * 10]
   labels = [[1, 2, 3, 4], [5, 6, 7] * 10]
-  b = bpe_tok.batch_encode_words(words, labels, max_length=16)
-  theirs = roberta(words, is_split_into_words=True, truncation=True, padding="max_length",
-                   max_length=16, return_tensors="np")
-  np.testing.assert_array_equal(b["input_ids"], theirs["input_ids"])
-  for i in range(2):
-    prev, want = None, []
-    for w in theirs.word_ids(i):
-      want.append(-100 if w is None or w == prev else labels[i][w])
-      prev = w
-    assert b["labels"][i].tolist() == want
+  check_first_piece_labels(bpe_tok, roberta, words, labels, max_length=16)
 
 
 def test_word_starts_are_the_tokens_after_a_space(bpe_tok):

@@ -4,6 +4,7 @@ import pytest
 
 from encoder_jax.data import fetch
 from encoder_jax.data.tokenizer import WordPieceTokenizer, train_vocab
+from word_labels import check_first_piece_labels
 
 SENTENCES = [
     "Call me Ishmael.",
@@ -140,16 +141,7 @@ def test_the_demo_vocab_is_the_committed_file_on_every_machine(tmp_path):
 def test_tagging_first_subtoken_labels(tok, hf):
   words = [["Call", "me", "Ishmael", "."], ["Unbelievably", "tokenizable", "words"] * 10]
   labels = [[1, 2, 3, 4], [5, 6, 7] * 10]
-  b = tok.batch_encode_words(words, labels, max_length=16)
-  theirs = hf(words, is_split_into_words=True, truncation=True, padding="max_length",
-              max_length=16, return_tensors="np")
-  np.testing.assert_array_equal(b["input_ids"], theirs["input_ids"])
-  for i in range(2):  # HF's recipe: label the first piece of each word, -100 elsewhere
-    prev, want = None, []
-    for w in theirs.word_ids(i):
-      want.append(-100 if w is None or w == prev else labels[i][w])
-      prev = w
-    assert b["labels"][i].tolist() == want
+  b = check_first_piece_labels(tok, hf, words, labels, max_length=16)
   assert b["labels"][0].tolist()[:8] == [-100, 1, 2, 3, -100, -100, 4, -100]  # is ##hma ##el
   with pytest.raises(ValueError, match="4 words but 3 labels"):
     tok.batch_encode_words(words[:1], [[1, 2, 3]])
