@@ -69,9 +69,8 @@ def _tokenizer(b: setup.BackboneSettings, bb: pretrained.Backbone):
 
 def load_data(spec: tasks_lib.TaskSpec, tok, d: setup.DataSettings
               ) -> dict[str, tasks_lib.Encoded]:
-  splits = [spec.train_split, *spec.dev_splits] + ([spec.test_split] if spec.test_split else [])
   data = {}
-  for split in splits:
+  for split in spec.splits:
     t0 = time.time()
     limit = d.max_train_examples if split == spec.train_split else d.max_eval_examples
     records = tasks_lib.read_split(spec, split, data_dir=d.data_dir, cache_dir=d.cache_dir,

@@ -38,13 +38,13 @@ class BackboneSettings:
   random_like: str  # init=random: a size name, minilm, hf:<dir> or ckpt:<dir> (its shape)
   vocab: str  # "": the source's own vocab (BERT uncased for minilm / random)
   lowercase: bool
-  model_overrides: tuple[tuple[str, Any], ...]  # ModelConfig fields: numerics (shapes: random)
+  model: tuple[tuple[str, Any], ...]  # ModelConfig overrides: numerics (shapes: random init)
   pooling: str  # classifier input: cls | mean
   cache_dir: str | None
 
   @property
   def overrides(self) -> dict[str, Any]:
-    return dict(self.model_overrides)
+    return dict(self.model)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,11 +104,11 @@ class Settings:
 
 
 _OPTIONAL = {"eval_dev": True, "mesh": "auto"}  # keys older configs may lack, and their default
-_OTHER_KEYS = ("task", "init", "random_like", "vocab", "lowercase", "model", "pooling",
-               "doc_stride", "max_query_length", "max_length", "data_dir", "cache_dir",
-               "download", "seeds", "seed", "max_train_examples", "max_eval_examples",
-               "save_best", "export_embeddings", "export_pooling")
-KEYS = frozenset(_OTHER_KEYS) | {f.name for f in dataclasses.fields(TrainSettings)} | set(_OPTIONAL)
+_PARTS = {"backbone": BackboneSettings, "data": DataSettings, "train": TrainSettings,
+          "output": OutputSettings}
+# The config's keys are the settings' fields: those of each part and Settings' own.
+KEYS = frozenset(f.name for cls in (*_PARTS.values(), Settings) for f in dataclasses.fields(cls)
+                 if f.name not in _PARTS and f.name != "config")
 _SOURCES = "'minilm', 'hf:<dir>' or 'ckpt:<dir>'"
 _POOLINGS = ("cls", "mean")
 
@@ -169,11 +169,10 @@ def check(config: ml_collections.ConfigDict) -> None:
   spec = tasks_lib.get_task(config.task)
   _check_sources(config)
   _check_numbers(config)
-  splits = [spec.train_split, *spec.dev_splits] + ([spec.test_split] if spec.test_split else [])
   for split in _splits(config.export_embeddings):
-    if split not in splits:
+    if split not in spec.splits:
       raise ConfigError(f"export_embeddings: {spec.name} has no split {split!r}; choose from "
-                        f"{splits}.")
+                        f"{list(spec.splits)}.")
 
 
 def _splits(text: str) -> tuple[str, ...]:
@@ -184,22 +183,11 @@ def build(config: ml_collections.ConfigDict) -> Settings:
   """The run's frozen settings; `check` first. Nothing below reads the ConfigDict again."""
   check(config)
   c = {k: config.get(k, _OPTIONAL.get(k)) for k in KEYS}
-  cache_dir = c["cache_dir"] or None
-  backbone = BackboneSettings(
-      init=c["init"], random_like=c["random_like"], vocab=c["vocab"],
-      lowercase=bool(c["lowercase"]), model_overrides=tuple(sorted(config.model.to_dict().items())),
-      pooling=c["pooling"], cache_dir=cache_dir)
-  data = DataSettings(max_length=c["max_length"], doc_stride=c["doc_stride"],
-                      max_query_length=c["max_query_length"],
-                      max_train_examples=c["max_train_examples"],
-                      max_eval_examples=c["max_eval_examples"], data_dir=c["data_dir"] or None,
-                      cache_dir=cache_dir, download=bool(c["download"]))
-  train = TrainSettings(**{f.name: c[f.name] for f in dataclasses.fields(TrainSettings)})
-  output = OutputSettings(save_best=bool(c["save_best"]),
-                          export_embeddings=_splits(c["export_embeddings"]),
-                          export_pooling=c["export_pooling"])
-  mesh = c["mesh"]
-  return Settings(task=tasks_lib.get_task(c["task"]), backbone=backbone, data=data,
-                  train=train, output=output, seeds=c["seeds"], seed=c["seed"],
-                  mesh=tuple(mesh) if isinstance(mesh, (list, tuple)) else mesh,
+  c.update(task=tasks_lib.get_task(c["task"]), model=tuple(sorted(config.model.to_dict().items())),
+           cache_dir=c["cache_dir"] or None, data_dir=c["data_dir"] or None,
+           export_embeddings=_splits(c["export_embeddings"]),
+           mesh=tuple(c["mesh"]) if isinstance(c["mesh"], (list, tuple)) else c["mesh"])
+  make = lambda cls: cls(**{f.name: c[f.name] for f in dataclasses.fields(cls)})
+  return Settings(**{name: make(cls) for name, cls in _PARTS.items()},
+                  **{k: c[k] for k in ("task", "seeds", "seed", "mesh")},
                   config=json.dumps(config.to_dict(), sort_keys=True, default=str))

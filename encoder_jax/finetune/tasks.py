@@ -43,6 +43,11 @@ class TaskSpec:
   def select_metric(self) -> str:
     return self.metrics[0]
 
+  @property
+  def splits(self) -> tuple[str, ...]:
+    """Every split a run reads: train, the dev splits, the labelled test split if any."""
+    return (self.train_split, *self.dev_splits) + ((self.test_split,) if self.test_split else ())
+
 
 def _glue(task: str, text_keys, num_labels=2, dev=("validation",)) -> TaskSpec:
   kind = "regress" if task == "stsb" else "classify"
