@@ -93,7 +93,7 @@ class OursLearner:
     eval_it = iter(setup.make_loader(eval_data, eval_data.eval_split))
     self.eval_batches = [self.to_device(next(eval_it))
                          for _ in range(eval_config.train.eval_steps)]
-    counts = setup.train_unigram_counts(eval_data, eval_obj.vocab_size)
+    counts = unigram.row_counts(setup.make_loader(eval_data, "train").rows, eval_obj.vocab_size)
     self.unigram_logp_V = jax.numpy.asarray(unigram.unigram_log_probs(counts,
                                                                       eval_obj.special_ids))
     # The eval step is the trainer's, only its objective (mask rate, fractions) is eval_config's.

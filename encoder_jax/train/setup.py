@@ -21,9 +21,8 @@ from absl import logging
 from etils import epath
 import jax
 import ml_collections
-import numpy as np
 
-from encoder_jax.data import examples, pipeline, shards, tokenizer, unigram
+from encoder_jax.data import examples, pipeline, tokenizer
 from encoder_jax.data.vocab import resolve_vocab
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.objectives import pretraining
@@ -223,17 +222,6 @@ def abstract_batch(d: DataSettings, batch_sharding) -> dict[str, jax.ShapeDtypeS
   spec = pipeline.batch_spec(d.example, d.batch_size, example_ids=d.example_ids)
   return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding)
           for k, (shape, dtype) in spec.items()}
-
-
-def train_unigram_counts(d: DataSettings, vocab_size: int) -> np.ndarray:
-  """Token counts of the training rows (the built shards; evenly spaced rows past 50M tokens,
-  so a mixture counts by its weights). Special tokens are counted too; the baseline drops them
-  (unigram.unigram_log_probs)."""
-  parts = shards.prepare_shards(d.source, d.vocab, d.example, d.data_dir, d.cache_dir,
-                                workers=d.build_workers, docs_per_shard=d.shard_docs,
-                                blank_line_docs=d.blank_line_docs,
-                                source_data_dir=d.source_data_dir)
-  return unigram.row_counts(shards.ShardedRows(parts, "train"), vocab_size)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from encoder_jax.data import (examples, pipeline, records, shard_build, shards, sources, tokenizer,
-                              vocab as vocab_lib)
+                              unigram, vocab as vocab_lib)
 
 # Two synthetic sources whose words (hence WordPiece ids) are disjoint: a row's ids tell which
 # source each of its segments came from.
@@ -116,7 +116,7 @@ def test_byte_level_bpe_rows_are_the_shard_plans_rows(tmp_path, corpus_dir, exam
   for k, s in enumerate(shards.read_index(folder)["splits"]["train"]["shards"]):
     corpus = examples.Corpus.from_records(
         r for _, r in tokenizer.tokenize_documents(docs[16 * k:16 * (k + 1)], bpe))
-    cfg = dataclasses.replace(example, seed=shards.shard_seed(example.seed, "train", k))
+    cfg = dataclasses.replace(example, seed=shard_build.shard_seed(example.seed, "train", k))
     want = examples.Rows(corpus, examples.make_plan(corpus, cfg, "roberta"), cfg, bpe.cls_id,
                          bpe.sep_id, bpe.pad_id, "roberta")
     assert s["rows"] == len(want) > 0
@@ -368,13 +368,13 @@ def test_a_training_config_selects_the_sharded_mixture(tmp_path, corpus_dir):
       source=f"mix:files:{corpus_dir}/a/*.txt@0.5+files:{corpus_dir}/b/*.txt@0.5",
       data_dir=str(tmp_path), max_length=32, batch_size=8, build_workers=0,
       shard_docs=16))
-  data = setup.DataSettings.of(config)
-  loader = setup.make_loader(data, "train")
+  loader = setup.make_loader(setup.DataSettings.of(config), "train")
   assert isinstance(loader.rows, shards.ShardedRows) and len(loader.rows.names) == 2
   batch = next(iter(loader))
   assert batch["input_ids"].shape == (8, 32) and batch["nsp_label"].shape == (8,)
-  counts = setup.train_unigram_counts(data, loader.tokenizer.vocab_size)
-  # against the rows as the loader decodes them (not the ids-only fast path the count uses)
+  # the trainer's unigram baseline counts the loader's rows (loop.unigram_baseline) ...
+  counts = unigram.row_counts(loader.rows, loader.tokenizer.vocab_size)
+  # ... as the loader decodes them (not the ids-only fast path the count uses)
   rows = loader.rows
   want = np.bincount(np.concatenate([rows[i]["input_ids"][rows[i]["mask"]]
                                      for i in range(len(rows))]),
