@@ -58,10 +58,10 @@ setup(
     version="0.1.0",
     description="BERT-style encoder pre-training (MLM, ELECTRA, NSP) in JAX/Flax NNX",
     python_requires=">=3.11",
-    # configs/, experiments/ and bench/ are packages too, so `from configs import pretrain`
-    # works from any directory once installed (no sys.path edits).
-    packages=find_packages(include=["encoder_jax", "encoder_jax.*", "configs", "experiments",
-                                    "bench"]),
+    # configs/ and experiments/ are packages too, so `from configs import pretrain` works from
+    # any directory once installed (no sys.path edits); bench/ is not installed: its scripts
+    # run from the repository root as `python -m bench.<script>`.
+    packages=find_packages(include=["encoder_jax", "encoder_jax.*", "configs", "experiments"]),
     package_data={"encoder_jax.data": ["vocabs/*.txt"]},  # the committed demo vocab
     install_requires=INSTALL_REQUIRES,
     extras_require={"test": TEST_REQUIRES},

@@ -1,7 +1,7 @@
 r"""Compile time of the train step: scanned vs unrolled layers (BERT-base by default).
 
-  python bench/compile_time.py                         # base, MLM+NSP, scan and unrolled
-  python bench/compile_time.py --modes=scan --objective=electra --remat_policy=dots
+  python -m bench.compile_time                         # base, MLM+NSP, scan and unrolled
+  python -m bench.compile_time --modes=scan --objective=electra --remat_policy=dots
 
 Each mode compiles in a fresh process (no in-memory cache; the persistent compilation cache
 is off unless JAX_COMPILATION_CACHE_DIR is set, which this script refuses) from abstract shapes

@@ -1,7 +1,7 @@
 r"""The sharded corpus at scale: build throughput per worker, and a training process's memory.
 
-  python bench/corpus_scale.py                                # x1, x10, x30; 1 and 2 workers
-  python bench/corpus_scale.py --scales=1,10 --workers=1,2,4 --shard_docs=64
+  python -m bench.corpus_scale                                # x1, x10, x30; 1 and 2 workers
+  python -m bench.corpus_scale --scales=1,10 --workers=1,2,4 --shard_docs=64
 
 A memory / throughput test, not more data: the x10 and x30 corpora repeat the demo corpus's
 documents (SOTU + Moby-Dick + Brown, ~3.6M WordPiece tokens) under new document ids, written

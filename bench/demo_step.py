@@ -1,7 +1,7 @@
 r"""Train-step time of the demo recipe under config variants, interleaved.
 
-  python bench/demo_step.py        # fp32 vs bf16 matmuls (model.dot_dtype), 5 rounds x 10 steps
-  python bench/demo_step.py --variant='xla:model.attention_impl=xla' \
+  python -m bench.demo_step        # fp32 vs bf16 matmuls (model.dot_dtype), 5 rounds x 10 steps
+  python -m bench.demo_step --variant='xla:model.attention_impl=xla' \
       --variant='explicit:model.attention_impl=explicit' --rounds=3 --steps=5 --arg=runlocal
 
 The real jitted step of encoder_jax.train.step for configs/pretrain.py:<--arg> (the demo recipe

@@ -1,8 +1,8 @@
 r"""BERT-base train-step throughput and MFU on one GPU, bf16, cuDNN flash attention.
 
   bash bench/gpu.sh                        # H100/H200: seq 128 and 512, < 5 min
-  python bench/gpu.py --dry_run            # the same code on CPU at tiny size, < 1 min
-  python bench/gpu.py --seq_lens=512 --batch_sizes=64 --attention=xla --steps=30
+  python -m bench.gpu --dry_run            # the same code on CPU at tiny size, < 1 min
+  python -m bench.gpu --seq_lens=512 --batch_sizes=64 --attention=xla --steps=30
 
 What runs: our real MLM+NSP train step (encoder_jax.train.step: on-device masking, sparse MLM
 head, AdamW + clipping, donated state) on BERT-base with ModelConfig(dtype="bfloat16",

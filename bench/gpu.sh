@@ -8,7 +8,7 @@
 #   PYTHON=.venv/bin/python bash bench/gpu.sh --dry_run
 #
 # Needs jax with CUDA, flax, optax, absl-py in $PYTHON (default python3); nothing is fetched.
-# Extra arguments go to bench/gpu.py (--help lists them).
+# Extra arguments go to bench/gpu.py (--help lists them), run as a module from the root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -18,4 +18,4 @@ if command -v nvidia-smi >/dev/null 2>&1; then
 fi
 # Let XLA take most of the GPU's memory up front (its default is 75%); no effect on CPU.
 export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.9}"
-exec timeout "${BENCH_GPU_TIMEOUT_S:-290}" "$PY" bench/gpu.py "$@"
+exec timeout "${BENCH_GPU_TIMEOUT_S:-290}" "$PY" -m bench.gpu "$@"

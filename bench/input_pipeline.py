@@ -1,7 +1,7 @@
 r"""Input pipeline throughput: tokens/s the grain loader delivers, per format.
 
-  python bench/input_pipeline.py                       # demo corpus, T=128, batch 32
-  python bench/input_pipeline.py --max_length=512 --repeats=7 --train_tokens_per_s=6000
+  python -m bench.input_pipeline                       # demo corpus, T=128, batch 32
+  python -m bench.input_pipeline --max_length=512 --repeats=7 --train_tokens_per_s=6000
 
 Each format is timed `repeats` times, interleaved (A B C A B C ...) so drift of a shared,
 noisy machine hits all alike; the median is printed. "real" counts non-pad tokens, "slots"
@@ -15,7 +15,7 @@ import time
 from absl import app, flags
 import numpy as np
 
-from encoder_jax.data import builders, examples, pipeline, shards, sources, tokenizer
+from encoder_jax.data import examples, pipeline, shards, sources, tokenizer, vocab as vocab_lib
 
 _MAX_LENGTH = flags.DEFINE_integer("max_length", 128, "Tokens per row.")
 _BATCH = flags.DEFINE_integer("batch_size", 32, "Global batch size (one host).")
@@ -56,7 +56,7 @@ def demo_rows(cfg: examples.ExampleConfig) -> shards.ShardedRows:
 
 def main(argv):
   del argv
-  tok = tokenizer.load(builders.resolve_vocab("minilm"))
+  tok = tokenizer.load(vocab_lib.resolve_vocab("minilm"))
 
   sents = [s for d in sources.demo_documents(split="train")[:150] for s in d.sentences]
   t = time.perf_counter()

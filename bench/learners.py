@@ -63,7 +63,7 @@ class OursLearner:
   def __init__(self, spec: LearnSpec, payload: dict):
     import jax
     from encoder_jax.data import unigram
-    from encoder_jax.data.builders import resolve_vocab
+    from encoder_jax.data.vocab import resolve_vocab
     from encoder_jax.data import tokenizer
     from encoder_jax.train import loop, setup, sharding
     from encoder_jax.train import step as step_lib
@@ -74,12 +74,12 @@ class OursLearner:
     mesh = sharding.mesh_from_config(config.get("mesh", "auto"))
     state_shardings = sharding.state_shardings(jax.eval_shape(s.init_fn), mesh)
     self.to_device = lambda batch: sharding.shard_batch(batch, mesh)
-    it = iter(setup.make_loader(config, "train"))
+    it = iter(setup.make_loader(setup.DataSettings.of(config), "train"))
     self.batches = [next(it) for _ in range(payload["steps"])]
     self.state = loop.initial_state(s.init_fn, state_shardings)
     if payload.get("export_dir"):  # the HF peer starts from exactly these weights
       from flax import nnx
-      from encoder_jax.convert.hf_bert import export_hf_bert
+      from encoder_jax.hf.bert import export_hf_bert
       export_hf_bert(nnx.merge(s.trainer.graphdef_eval, self.state.params),
                      payload["export_dir"])
 
@@ -89,10 +89,11 @@ class OursLearner:
     if eval_obj.vocab_size != s.obj.vocab_size:
       raise ValueError(f"eval_config's vocabulary ({eval_obj.vocab_size} ids) is not the "
                        f"model's ({s.obj.vocab_size}); evaluate on batches of the same vocab.")
-    eval_it = iter(setup.make_loader(eval_config, eval_config.data.eval_split))
+    eval_data = setup.DataSettings.of(eval_config)
+    eval_it = iter(setup.make_loader(eval_data, eval_data.eval_split))
     self.eval_batches = [self.to_device(next(eval_it))
                          for _ in range(eval_config.train.eval_steps)]
-    counts = setup.train_unigram_counts(eval_config, eval_obj.vocab_size)
+    counts = unigram.row_counts(setup.make_loader(eval_data, "train").rows, eval_obj.vocab_size)
     self.unigram_logp_V = jax.numpy.asarray(unigram.unigram_log_probs(counts,
                                                                       eval_obj.special_ids))
     # The eval step is the trainer's, only its objective (mask rate, fractions) is eval_config's.

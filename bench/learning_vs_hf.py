@@ -1,12 +1,12 @@
 r"""Learning per second: our trainer vs HF torch `BertForMaskedLM` on the same recipe.
 
-  python bench/learning_vs_hf.py                       # tiny, 800 steps, + demo recipe
-  python bench/learning_vs_hf.py --steps=20 --warmup_steps=5 --eval_every=10 --nodemo
-  python bench/learning_vs_hf.py --dry_run --out_dir=/tmp/x   # 3 steps: are the inputs equal?
+  python -m bench.learning_vs_hf                       # tiny, 800 steps, + demo recipe
+  python -m bench.learning_vs_hf --steps=20 --warmup_steps=5 --eval_every=10 --nodemo
+  python -m bench.learning_vs_hf --dry_run --out_dir=/tmp/x   # 3 steps: are the inputs equal?
 
 1. Same recipe. Our trainer (configs/pretrain.py, post-LN, --size) and HF's BertForMaskedLM of
    the same shape start from the same weights (ours exported with
-   encoder_jax.convert.hf_bert.export_hf_bert), see the same rows (our loader's FULL-SENTENCES
+   encoder_jax.hf.bert.export_hf_bert), see the same rows (our loader's FULL-SENTENCES
    batches of the demo corpus with the demo vocab, in stream order) with the same masks (HF
    gets them corrupted on the host by our `mask_tokens`, keyed as our step keys its own:
    fold_in(key(seed), step)), and the same optimiser (AdamW 0.9/0.999/1e-6, decay 0.01 off
@@ -131,8 +131,8 @@ def prepare_hf(config, workdir: str, hf_dir: str) -> dict:
   for split, n, key_of in (
       ("train", _STEPS.value, lambda i: step_lib.step_key(config.seed, i)),
       ("eval", config.train.eval_steps, lambda i: step_lib.step_key(eval_seed, i))):
-    it = iter(setup.make_loader(config, "train" if split == "train" else
-                               config.data.eval_split))
+    it = iter(setup.make_loader(setup.DataSettings.of(config),
+                                "train" if split == "train" else config.data.eval_split))
     cols = {k: [] for k in ("ids", "mask", "token_types", "positions", "labels")}
     for i in range(n):
       b = next(it)

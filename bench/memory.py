@@ -1,7 +1,7 @@
 r"""Peak memory of the train step: XLA's compiled memory analysis and the process RSS.
 
-  python bench/memory.py                                # base B8x128 MLM+NSP, remat none/dots/full
-  python bench/memory.py --size=mini --batch_size=32 --remat_policies=none --nohf
+  python -m bench.memory                                # base B8x128 MLM+NSP, remat none/dots/full
+  python -m bench.memory --size=mini --batch_size=32 --remat_policies=none --nohf
 
 Two views:
   * compiled: `jit(step).lower(...).compile().memory_analysis()` from abstract shapes, per

@@ -1,7 +1,7 @@
 r"""Packed vs padded rows: tokens of text per second through the real train step, interleaved.
 
-  python bench/packing.py                    # doc_sentences and sentence_pair, T=128, batch 16
-  python bench/packing.py --formats=sentence_pair --max_length=512 --rounds=9
+  python -m bench.packing                    # doc_sentences and sentence_pair, T=128, batch 16
+  python -m bench.packing --formats=sentence_pair --max_length=512 --rounds=9
 
 The same model (ModernBERT's block, recipe=modernbert's 30% MLM and AdamW; width and depth
 from the flags) trains on the same examples of the demo corpus two ways: `padded`, one example
@@ -143,7 +143,7 @@ def main(argv):
     print(line, flush=True)
     lines.append(line)
 
-  say(f"bench/packing.py {datetime.datetime.now().isoformat(timespec='minutes')}, "
+  say(f"python -m bench.packing {datetime.datetime.now().isoformat(timespec='minutes')}, "
       f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
   for fmt in _FORMATS.value:
     run_format(fmt, say)

@@ -1,7 +1,7 @@
 r"""The input pipeline vs the train step: can the loader feed the step? (issue 7, item d)
 
-  python bench/pipeline_vs_step.py                  # mini MLM+NSP step, B32x128, all formats
-  python bench/pipeline_vs_step.py --formats=segment_pair+nsp --rounds=5
+  python -m bench.pipeline_vs_step                  # mini MLM+NSP step, B32x128, all formats
+  python -m bench.pipeline_vs_step --formats=segment_pair+nsp --rounds=5
 
 Times bench/input_pipeline.py's loader (its `_time_loader`, its flags: --batch_size,
 --max_length, --batches, --read_threads, --worker_count) and our mini MLM+NSP train step in

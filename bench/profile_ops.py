@@ -10,7 +10,7 @@ shapes and rates.
       --config.train.profile_num_steps=2 --config.train.eval_every=0 \
       --config.train.eval_steps=0 --config.train.checkpoint_every=0
   # 2. the summary:
-  python bench/profile_ops.py --trace=/tmp/prof/run/profile --hlo=/tmp/prof/hlo --steps=2
+  python -m bench.profile_ops --trace=/tmp/prof/run/profile --hlo=/tmp/prof/hlo --steps=2
 
 Why by hand: xprof's op-profile tools report nothing for XLA:CPU (its thunk runtime records
 each op as a host event named after the HLO instruction), so this reads the `.xplane.pb` with

@@ -1,7 +1,7 @@
 r"""Start-up and shutdown latency of the pre-training CLI, as a user sees them.
 
-  bash run.sh python bench/startup.py                 # demo recipe, cached demo corpus, 3 runs
-  bash run.sh python bench/startup.py --repeats=1 --config_arg=size=tiny
+  bash run.sh python -m bench.startup                 # demo recipe, cached demo corpus, 3 runs
+  bash run.sh python -m bench.startup --repeats=1 --config_arg=size=tiny
 
 Launches `python -m encoder_jax.main --mode=pretrain` (a fresh workdir each time, the corpus and
 the XLA cache already built by a warm-up run that is not counted) and reads its output as it

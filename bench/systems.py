@@ -260,10 +260,27 @@ def _rss() -> dict:
   return out
 
 
+def _load_encoder_jax_from(src: str) -> None:
+  """`import encoder_jax` then loads the package under `src` (another revision's tree) instead
+  of the installed one: it is loaded from there into sys.modules first, and its submodules
+  follow the package's __path__ (no sys.path edit)."""
+  import importlib.machinery  # pylint: disable=g-import-not-at-top
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  if "encoder_jax" in sys.modules:
+    raise RuntimeError(f"src={src}: encoder_jax was imported in the worker before it could be "
+                       "loaded from there")
+  found = importlib.machinery.PathFinder.find_spec("encoder_jax", [os.path.abspath(src)])
+  if found is None or found.loader is None:
+    raise FileNotFoundError(f"src={src}: no encoder_jax/ package in that folder")
+  module = importlib.util.module_from_spec(found)
+  sys.modules["encoder_jax"] = module
+  found.loader.exec_module(module)
+
+
 def _serve(conn, spec, batches, env: dict[str, str], factory=None):
   os.environ.update(env)  # XLA_FLAGS etc. must be set before jax is imported
   if spec.src:
-    sys.path.insert(0, os.path.abspath(spec.src))  # before encoder_jax is first imported
+    _load_encoder_jax_from(spec.src)  # before anything imports encoder_jax
   try:
     system = (factory or (_Hf if spec.system == "hf" else _Ours))(spec, batches)
     if hasattr(system, "warmup"):

@@ -1,8 +1,8 @@
 r"""Train-step tokens/s: our MLM+NSP and ELECTRA steps vs HF torch `BertForPreTraining`.
 
-  python bench/train_step.py                    # mini (B32x128) and base (B8x128), ~5 min
-  python bench/train_step.py --quick            # fewer rounds, ~2 min
-  python bench/train_step.py --sizes=mini --rounds=9 --remat_policy=dots
+  python -m bench.train_step                    # mini (B32x128) and base (B8x128), ~5 min
+  python -m bench.train_step --quick            # fewer rounds, ~2 min
+  python -m bench.train_step --sizes=mini --rounds=9 --remat_policy=dots
 
 Same work on both sides: BERT MLM on 15% of the tokens (80/10/10) + NSP, fp32, dropout 0.1
 (hidden and attention probabilities), AdamW (lr 1e-4, wd 0.01) with clipping at 1.0, the same

@@ -32,7 +32,7 @@ def vocab_size_of(vocab: str) -> int:
     from encoder_jax.model.config import BERT_VOCAB_SIZE
     return BERT_VOCAB_SIZE
   if vocab == "demo" or vocab.startswith("demo:"):
-    from encoder_jax.data.builders import DEMO_VOCAB_SIZE
+    from encoder_jax.data.vocab import DEMO_VOCAB_SIZE
     return int(vocab.partition(":")[2] or DEMO_VOCAB_SIZE)
   with open(vocab, encoding="utf-8") as f:
     return sum(1 for _ in f)

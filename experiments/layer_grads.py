@@ -205,11 +205,14 @@ def read_results(out: pathlib.Path) -> dict:
 
 
 def report(out: pathlib.Path, results: dict, cfg: Settings) -> None:
+  """results.md (opening with the commit of the invocation recorded in out's provenance.json)
+  and the plots."""
   steps = max((len(r["curve"]) for r in results.values()), default=0)
   depths = sorted({k[0] for k in results})
   norms = [n for n in ("post", "pre") if any(k[1] == n for k in results)]
   last = max((s for r in results.values() for s in r["layers"]), default=0)
-  lines = [f"### Per-layer gradient norms, post-LN vs pre-LN (width {cfg.width}, init std "
+  lines = [provenance.produced_by(provenance.read(out)), "",
+           f"### Per-layer gradient norms, post-LN vs pre-LN (width {cfg.width}, init std "
            f"{cfg.initializer_range:g}, lr {cfg.lr:g}, warm-up {cfg.warmup} steps, {steps} "
            "steps)",
            "",
@@ -316,9 +319,9 @@ def main(argv):
           f"bottom {w2[0]:.3g} top {w2[-1]:.3g} (x{ratio(w2):.2f}); loss at step "
           f"{r['curve'][-1][0]} {r['curve'][-1][1]:.3f}; {r['status']}  "
           f"[{time.time() - t:.0f} s, {(time.time() - t0) / 60:.1f} min in all]", flush=True)
-  write_report(out, results, cfg)
   provenance.record_tool(out, "experiments.layer_grads",
                          {f: flags.FLAGS[f].value for f in FLAG_NAMES}, (time.time() - t0) / 60)
+  write_report(out, results, cfg)  # (after the record: results.md opens with its commit)
   print((out / "results.md").read_text())
   print(f"wrote {out}/layers.csv, curves.csv, results.md, layer_grads.png, loss_curves.png, "
         "provenance.json")

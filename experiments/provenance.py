@@ -21,7 +21,8 @@ shows the new record). A record holds:
     environment variables that change numerics (JAX_PLATFORMS, XLA_FLAGS, ...) and the
     versions of jax, jaxlib, flax, optax and numpy.
 The report (`experiments.report.write_report`) prints the commit and date at the top of
-results.md from these records (`summary_lines`).
+results.md from these records (`summary_lines`); a stand-alone tool's results.md opens
+with `produced_by` of its own records (`record_tool`).
 """
 from __future__ import annotations
 
@@ -272,7 +273,11 @@ def _short(git: Mapping[str, Any]) -> str:
 
 
 def _date(rec: Mapping[str, Any]) -> str:
-  return rec.get("date", UNKNOWN).replace("T", " ").replace("Z", " UTC")
+  """'2026-12-04 18:37:10 UTC' from an ISO date (the records' own) or from one written so."""
+  date = rec.get("date", UNKNOWN)
+  if date.endswith("Z"):  # ISO: 2026-12-04T18:37:10Z
+    date = date[:-1].replace("T", " ", 1) + " UTC"
+  return date
 
 
 def planned_line(rec: Mapping[str, Any]) -> str:
@@ -281,21 +286,30 @@ def planned_line(rec: Mapping[str, Any]) -> str:
           f"(the grid's configs: {FILENAME}).")
 
 
+# Grid actions that compute nothing: a results.md is produced by the `run`s of a grid or by a
+# stand-alone tool's invocations (record_tool; their action is the tool's name).
+_NOT_PRODUCING = ("report", "plan", "launch", "status")
+
+
+def produced_by(records: Sequence[Mapping[str, Any]]) -> str:
+  """The first line of every results.md: the commit and date of the newest invocation that
+  produced results (a grid's `run`, a tool's), its command, and every commit the runs span."""
+  runs = [r for r in records if r.get("action") not in _NOT_PRODUCING]
+  if not runs:
+    return ("**Produced by** an unknown commit: no `run` invocation of this grid is recorded "
+            f"in {FILENAME} (the report was written from runs already on disk).")
+  last = runs[-1]
+  commits = list(dict.fromkeys(r.get("git", {}).get("commit", UNKNOWN) for r in runs))
+  return (f"**Produced by** commit {_short(last['git'])}, {_date(last)}: "
+          f"`{last.get('command', '')}`"
+          + (f" (the runs span {len(commits)} commits: "
+             + ", ".join(f"`{c[:12]}`" if c != UNKNOWN else "unknown" for c in commits)
+             + ")" if len(commits) > 1 else "") + ".")
+
+
 def summary_lines(records: Sequence[Mapping[str, Any]]) -> list[str]:
-  """The head of results.md: the commit and date of the run(s) behind the tables, then one
-  line per recorded invocation."""
-  runs = [r for r in records if r.get("action") == "run"]
-  if runs:
-    last = runs[-1]
-    commits = list(dict.fromkeys(r.get("git", {}).get("commit", UNKNOWN) for r in runs))
-    lines = [f"**Produced by** commit {_short(last['git'])}, {_date(last)}: "
-             f"`{last.get('command', '')}`"
-             + (f" (the runs span {len(commits)} commits: "
-                + ", ".join(f"`{c[:12]}`" if c != UNKNOWN else "unknown" for c in commits)
-                + ")" if len(commits) > 1 else "") + "."]
-  else:
-    lines = ["**Produced by** an unknown commit: no `run` invocation of this grid is recorded "
-             f"in {FILENAME} (the report was written from runs already on disk)."]
+  """The head of a grid's results.md: `produced_by`, then one line per recorded invocation."""
+  lines = [produced_by(records)]
   if records:
     lines += ["", f"Every invocation ({FILENAME} has each one's full config, host and jax / "
               "flax / optax versions):", "",

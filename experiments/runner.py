@@ -8,7 +8,7 @@ Layout under the grid's workdir (default experiments/runs/<grid>):
 
 In process (`run_grid(..., in_process=True)`, `experiments.run --in_process`): the same
 points and the same files, but pre-training and fine-tuning are called as functions in this
-process (encoder_jax.pretrain.pretrain, encoder_jax.finetune.run
+process (encoder_jax.train.loop.train_and_evaluate, encoder_jax.finetune.run
 .finetune_and_evaluate) instead of one `python -m ...` per job. A GPU then pays the imports,
 CUDA start-up and XLA's autotuning once per grid run instead of three times per point, and
 programs shared between points (evaluation, fine-tuning) come from XLA's persistent cache.
@@ -189,10 +189,10 @@ class InProcess:
     """Pre-trains the point; SIGTERM (the trainer saves a checkpoint and returns) stops the
     whole grid run with exit 0, as it would stop the subprocess, instead of starting the
     next point."""
-    from encoder_jax.pretrain import pretrain
+    from encoder_jax.train.loop import train_and_evaluate
     pdir = point_dir(workdir, point)
     code = self._call(shlex.join(pretrain_command(point, workdir, "python")),
-                      lambda: pretrain(point.config(), str(pdir / "pretrain")),
+                      lambda: train_and_evaluate(point.config(), str(pdir / "pretrain")),
                       pdir / "pretrain.log")
     summary = pdir / "pretrain" / "summary.json"
     if code == 0 and json.loads(summary.read_text()).get("stop_reason") == "preempted":

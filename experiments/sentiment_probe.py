@@ -190,13 +190,14 @@ def main(argv):
       lines += ["", f"Checkpoint minus random init, cross-validated: {gain:+.4f}, 95% interval "
                 f"[{lo:+.4f}, {hi:+.4f}] (share of resamples with no gain: "
                 f"{cv_ci['p_gain_le_0']:.4f})."]
-  (out / "results.md").write_text("\n".join(lines) + "\n")
   (out / "results.json").write_text(json.dumps({"probes": probes, "bootstrap": ci,
                                                 "cv_bootstrap": cv_ci}, indent=1))
   provenance.record_tool(out, "experiments.sentiment_probe",
                          {k: f[k].value for k in ("pretrain_dir", "task", "inits",
                                                   "max_train_examples", "resamples", "cv_folds")},
                          (time.time() - t0) / 60)
+  lines = [provenance.produced_by(provenance.read(out)), ""] + lines  # its commit first
+  (out / "results.md").write_text("\n".join(lines) + "\n")
   print((out / "results.md").read_text())
 
 

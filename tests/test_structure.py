@@ -1,34 +1,56 @@
 """The package's import graph has layers, and nothing imports upward.
 
-model/ and data/ stand alone; objectives/ builds on model/; train/ on those three (its
-run_dir.py is the one reader of a run folder); convert/ (HF families, and loading an encoder
-from any source: a HF folder or a run) on train/; pretrain.py (loads init_from's sources
-through convert/, then runs the trainer) and finetune/ beside each other on convert/; the
-entry points (main, demo, cli) on top. A new subpackage or module must be given a layer here.
+paths.py stands alone; model/ and data/ on it; objectives/ builds on model/, and cli.py (how
+commands start and report errors) on data/; hf/ (the HF families: HF folders <-> our parameter
+trees) on objectives/; train/ on those (its run_dir.py is the one reader of a run folder, its
+pretrained.py the one loader of an encoder's parameters from a HF folder or a run, so the
+trainer reads init_from itself); convert/ (export of a run as HF folders), finetune/ and
+pretrain.py on train/; the entry points (main, demo) on top. A new subpackage or module must be
+given a layer here.
+
+Every import counts, `from encoder_jax import paths` and imports inside functions included,
+except those under `if __name__ == "__main__":`: that block runs a module as a command, an
+entry point above every layer (it starts through encoder_jax.cli).
 """
 import ast
 import pathlib
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "encoder_jax"
-LAYER = {"model": 0, "data": 0, "paths": 0, "objectives": 1, "train": 2, "convert": 3,
-         "finetune": 4, "pretrain": 4, "cli": 5, "demo": 5, "main": 5}
+LAYER = {"paths": 0, "model": 1, "data": 1, "objectives": 2, "cli": 2, "hf": 3, "train": 4,
+         "convert": 5, "finetune": 5, "pretrain": 5, "demo": 6, "main": 6}
+
+
+def _is_main_block(node) -> bool:
+  return (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+          and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__")
+
+
+def _imported_names(tree: ast.AST):
+  """Every module an import of `tree` names, `from a import b` as both a and a.b, skipping
+  the `if __name__ == "__main__":` blocks."""
+  for node in ast.iter_child_nodes(tree):
+    if _is_main_block(node):
+      continue
+    if isinstance(node, ast.ImportFrom) and node.module:
+      yield node.module
+      yield from (f"{node.module}.{a.name}" for a in node.names)
+    elif isinstance(node, ast.Import):
+      yield from (a.name for a in node.names)
+    yield from _imported_names(node)
 
 
 def imports() -> list[tuple[str, str, str]]:
   """(importing unit, imported unit, file) for every encoder_jax.* import across units."""
-  out = []
+  out = set()
   for f in PACKAGE.rglob("*.py"):
     parts = f.relative_to(PACKAGE).parts
     unit = parts[0] if len(parts) > 1 else f.stem
     if unit == "__init__":
       continue
-    for node in ast.walk(ast.parse(f.read_text())):
-      names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module else
-               [a.name for a in node.names] if isinstance(node, ast.Import) else [])
-      for name in names:
-        if name.startswith("encoder_jax.") and name.split(".")[1] != unit:
-          out.append((unit, name.split(".")[1], str(f.relative_to(PACKAGE))))
-  return out
+    for name in _imported_names(ast.parse(f.read_text())):
+      if name.startswith("encoder_jax.") and name.split(".")[1] != unit:
+        out.add((unit, name.split(".")[1], str(f.relative_to(PACKAGE))))
+  return sorted(out)
 
 
 def test_every_unit_has_a_layer():
@@ -40,7 +62,10 @@ def test_every_unit_has_a_layer():
 
 def test_nothing_imports_upward_or_sideways():
   found = imports()
-  assert ("objectives", "model", "objectives/pretraining.py") in found  # the scan sees imports
+  assert ("objectives", "model", "objectives/pretraining.py") in found  # the scan sees imports,
+  assert ("train", "paths", "train/loop.py") in found  # `from encoder_jax import paths`,
+  assert ("convert", "train", "convert/export.py") in found  # and what a command runs on
+  assert not any(b == "cli" for a, b, f in found if f == "convert/export.py")  # (__main__)
   bad = [(a, b, f) for a, b, f in found if LAYER[b] >= LAYER[a]]
   assert not bad, f"imports against the layering (importer, imported, file): {bad}"
 

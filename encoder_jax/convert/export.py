@@ -5,7 +5,7 @@
 
 Reads the run through encoder_jax.train.run_dir (its config.json: model, objective, vocab;
 checkpoint N, default the newest whose checksums verify) and writes it as the first HF family
-(encoder_jax.convert.load.FAMILIES) that computes exactly what the run computes:
+(encoder_jax.hf.FAMILIES) that computes exactly what the run computes:
 
   run                                       <out> holds               load it with
   MLM, one token type, no NSP/SOP           RobertaForMaskedLM        AutoModelForMaskedLM
@@ -33,7 +33,7 @@ A run no HF family represents (pre-LN blocks, ALiBi position bias, ...: the demo
 configs/pretrain.py:runlocal, is both) is refused in one line naming the switches with no
 transformers equivalent and the nearest configuration that exports, before any checkpoint is
 read or anything is written to --out. Such a run is fine-tuned by encoder_jax itself:
-init=ckpt:<workdir> loads its checkpoint as trained (encoder_jax.convert.load).
+init=ckpt:<workdir> loads its checkpoint as trained (encoder_jax.train.pretrained).
 
 The workdir is read through encoder_jax.paths (etils.epath): a local folder or gs://, where
 runs live. --out is a local folder (what from_pretrained reads); a gs:// --out is refused.
@@ -54,9 +54,9 @@ from typing import Callable
 import jax
 from absl import app, flags, logging
 
-from encoder_jax import paths
-from encoder_jax.convert import families, load
-from encoder_jax.convert.families import Written
+from encoder_jax import hf, paths
+from encoder_jax.hf import families
+from encoder_jax.hf.families import Written
 from encoder_jax.train.run_dir import RunDir
 
 flags.DEFINE_string("workdir", None, "The pre-training run's directory, local or gs:// (holds "
@@ -136,7 +136,7 @@ def export_run(workdir: str | os.PathLike, out: str | os.PathLike, step: int | N
   run = RunDir.find(workdir)
   report(f"export: reading {run.config_file}")
   s = run.setup
-  family, found = load.exporting_family(s.model_cfg, s.obj)
+  family, found = hf.exporting_family(s.model_cfg, s.obj)
   if family is None:
     raise NotRepresentable(refusal(run.workdir, s.model_cfg, s.obj, found))
   report(f"export: verifying the checksums of {run.checkpoints}")

@@ -32,7 +32,8 @@ import time
 from absl import app, flags, logging
 import numpy as np
 
-from encoder_jax.data import builders, examples, shards, tables, tokenizer
+from encoder_jax.data import examples, shards, tables, tasks, tokenizer
+from encoder_jax.data.vocab import resolve_vocab
 
 _DATASETS = flags.DEFINE_list(
     "datasets", ["corpus", "rotten_tomatoes", "brown_pos"],
@@ -144,7 +145,7 @@ def _print_rows(parts) -> None:
   print(f"  fill {fill:.3f} (real tokens per position, over {len(picked)} evenly spaced rows)")
   if "nsp_label" in picked[0]:
     print(f"  label 1 fraction {np.mean([int(r['nsp_label']) == 1 for r in picked]):.4f}")
-  tok = tokenizer.load(builders.resolve_vocab(_VOCAB.value, _CACHE_DIR.value))
+  tok = tokenizer.load(resolve_vocab(_VOCAB.value, _CACHE_DIR.value))
   _show(rows, tok)
 
 
@@ -173,7 +174,7 @@ def _corpus():
 
 
 def _task(name):
-  b = builders.prepare_task(name, data_dir=_DATA_DIR.value, cache_dir=_CACHE_DIR.value)
+  b = tasks.prepare_task(name, data_dir=_DATA_DIR.value, cache_dir=_CACHE_DIR.value)
   sizes = {s: b.info.splits[s].num_examples for s in b.info.splits}
   print(f"{name} at {b.data_dir}: {sizes}")
 
@@ -182,10 +183,10 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
   logging.set_verbosity(logging.INFO)
-  unknown = [n for n in _DATASETS.value if n != "corpus" and n not in builders.TASKS]
+  unknown = [n for n in _DATASETS.value if n != "corpus" and n not in tasks.TASKS]
   if unknown:
     raise app.UsageError(f"--datasets: unknown {unknown}; known: corpus, "
-                         f"{', '.join(builders.TASKS)}")
+                         f"{', '.join(tasks.TASKS)}")
   for name in _DATASETS.value:
     if name == "corpus":
       _corpus()

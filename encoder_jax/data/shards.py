@@ -72,8 +72,9 @@ import filelock
 import numpy as np
 
 from encoder_jax import paths
-from encoder_jax.data import builders, examples, records, shard_build, sources, tables, tokenizer
+from encoder_jax.data import examples, fetch, records, shard_build, sources, tables, tokenizer
 from encoder_jax.data.shard_build import INDEX, SPLITS
+from encoder_jax.data.vocab import resolve_vocab
 
 # Bump when sentence splitting, tokenization, the record layout or the choice of documents
 # changes. 2: a source too small for the hash split holds out its smallest-hash documents.
@@ -166,6 +167,99 @@ def raw_documents(source: str, opts: SourceOptions,
                      "'mix:<source>@<weight>+...'")
 
 
+# ------------------------------------------------------------------------------------ keys
+
+
+def slug(text: str) -> str:
+  return re.sub(r"[^a-z0-9_.]+", "_", text.lower()).strip("_")[:40]
+
+
+class _FileHashes:
+  """sha256 of corpus files, remembered in a small JSON file by (path, size, mtime, ctime).
+
+  Every write to a local file moves its ctime, which no tool can set back (touch and cp -p
+  only set mtime), so an edited file is always hashed again; an unchanged corpus is only
+  stat'ed. An object on a bucket cannot be edited, only replaced, which sets its modification
+  time: there (size, mtime) is the stamp.
+  """
+
+  def __init__(self, path: epath.Path):
+    self.path = path
+    try:
+      self.known = json.loads(path.read_text())
+    except (OSError, ValueError):
+      self.known = {}
+    self.dirty = False
+
+  def sha256(self, file: str) -> str:
+    if paths.is_uri(file):
+      st = epath.Path(file).stat()
+      stamp = f"{st.length}:{st.mtime}"
+    else:
+      st = os.stat(file)
+      stamp = f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+    entry = self.known.get(file)
+    if entry is None or entry[0] != stamp:
+      self.known[file] = entry = [stamp, fetch.sha256_of(file)]
+      self.dirty = True
+    return entry[1]
+
+  def save(self):
+    # Whole or absent: concurrent writers lose updates, never the file. One writer per run.
+    if self.dirty and paths.is_primary():
+      if not paths.is_uri(self.path):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+      paths.write_atomic(self.path, json.dumps(self.known))
+
+
+def _files_digest(h, files: list[str], root: str, data_dir: str):
+  """`h` updated with every file's path relative to `root` and its contents' sha256."""
+  hashes = _FileHashes(epath.Path(data_dir) / "pretrain_corpus_file_hashes.json")
+  for f in files:
+    h.update(f"{paths.relpath(f, root)}\0{hashes.sha256(f)}\n".encode())
+  hashes.save()
+  return h
+
+
+def source_key(source: str, *, data_dir: str, blank_line_docs: bool = False,
+               source_data_dir: str | None = None) -> str:
+  """What identifies the text of `source`: for files and parquet files, their relative paths
+  and contents; for an hf dataset, the contents of the Arrow files that hold its split (their
+  names and sha256, remembered by stamp like any corpus file), the split and the column; for
+  tfds, the prepared dataset's versioned name."""
+  kind, _, rest = source.partition(":")
+  if kind == "files":
+    globs, field = sources.parse_files_spec(rest)
+    files, root = sources.resolve_files(globs)
+    h = hashlib.sha256(f"blank_line_docs={blank_line_docs}\n".encode())
+    if field is not None:  # (only then: the keys of existing text corpora stay as they were)
+      h.update(f"field={field}\n".encode())
+    return f"files_{_files_digest(h, files, root, data_dir).hexdigest()[:8]}"
+  if kind == "parquet":
+    globs, column = tables.parse_parquet_spec(rest)
+    files, root = sources.resolve_files(globs)
+    h = hashlib.sha256(f"column={column}\n".encode())
+    return f"parquet_{_files_digest(h, files, root, data_dir).hexdigest()[:8]}"
+  if kind == "hf":
+    spec = tables.parse_hf_spec(rest)
+    files, fingerprint = tables.hf_data_files(spec)
+    h = hashlib.sha256(f"split={spec.split}\ncolumn={spec.column}\n".encode())
+    if not files:  # (an in-memory dataset: what datasets itself keys it by)
+      h.update(f"fingerprint={fingerprint}\n".encode())
+      return f"hf_{h.hexdigest()[:8]}"
+    files = [os.fspath(paths.absolute(f)) for f in files]
+    return f"hf_{_files_digest(h, files, paths.commonpath(files), data_dir).hexdigest()[:8]}"
+  if kind == "tfds":  # versioned datasets: a re-prepared newer version is another corpus
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+    name = rest.rpartition(":")[0]
+    try:
+      name = tfds.builder(name, data_dir=source_data_dir).info.full_name
+    except Exception:  # pylint: disable=broad-except  # reading it later raises clearly
+      pass
+    return slug(f"tfds:{name}:{rest.rpartition(':')[2]}")
+  return slug(source)
+
+
 # ------------------------------------------------------------------------------------ build
 
 
@@ -175,13 +269,13 @@ def _source_dir(part: str, vocab_path: str, example: examples.ExampleConfig, roo
   """(the source's build folder, its token cache folder, what the build folder's name hashes).
   The token cache's name hashes the same minus the example config."""
   key = {"version": BUILD_VERSION, "source": part,
-         "content": builders.source_key(part, data_dir=root, blank_line_docs=opts.blank_line_docs,
-                                        source_data_dir=opts.source_data_dir),
+         "content": source_key(part, data_dir=root, blank_line_docs=opts.blank_line_docs,
+                               source_data_dir=opts.source_data_dir),
          "vocab_sha256": tokenizer.vocab_digest(vocab_path), "lowercase": lowercase,
          "example": dataclasses.asdict(example), "plan": PLAN_VERSION,
          "docs_per_shard": docs_per_shard}
   digest = lambda d: hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
-  name = builders.slug(part)
+  name = slug(part)
   tokens = {k: v for k, v in key.items() if k not in ("example", "plan")}
   return (str(epath.Path(root) / "pretrain_shards" / f"{name}-{digest(key)}"),
           str(epath.Path(root) / "pretrain_tokens" / f"{name}-{digest(tokens)}"), key)
@@ -250,8 +344,8 @@ def build_shares(source: str = "demo", vocab: str = "minilm",
   whose shares are all present; returns ((folder, weight), ...), indexed or not (read_index).
   With num_hosts > 1 the data_dir must be shared by the hosts (gs://, or a shared disk)."""
   parts = parse_mixture(source)
-  vocab_path = builders.resolve_vocab(vocab, cache_dir)
-  root = os.fspath(data_dir or builders.default_data_dir(cache_dir))
+  vocab_path = resolve_vocab(vocab, cache_dir)
+  root = os.fspath(data_dir or fetch.default_data_dir(cache_dir))
   opts = SourceOptions(None if cache_dir is None else str(cache_dir), blank_line_docs,
                        source_data_dir)
   b = _Build(vocab_path, example, opts, workers, docs_per_shard, lowercase, host_index,

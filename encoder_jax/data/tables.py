@@ -232,6 +232,6 @@ def hf_texts(spec: HFSpec, stats: sources.ReadStats | None = None
 
 def hf_data_files(spec: HFSpec) -> tuple[list[str], str]:
   """(the Arrow files that hold the dataset's split, its fingerprint): what identifies its
-  data (builders.source_key hashes the files; the fingerprint when it has none, in memory)."""
+  data (shards.source_key hashes the files; the fingerprint when it has none, in memory)."""
   ds = open_hf(spec)
   return [f["filename"] for f in ds.cache_files], ds._fingerprint  # pylint: disable=protected-access

@@ -24,20 +24,28 @@ trainer's special ids, fine-tuning and the tools never ask which kind they hold.
   batch["mask"]       # int32 [B, T]: 1 on real tokens, 0 on pads
   batch["token_types"]# int32 [B, T]
   train_vocab(texts, 8192, "vocab.txt")   /   train_bpe(texts, 8192, "bpe_folder/")
+  tokenize_documents(docs, tok)   # documents -> (doc_id, {ids, word_starts, sentence_lengths})
+                                  #   in large batches: what the shard build stores
+Which file a vocab name means (minilm, demo, a path) is vocab.py's.
 """
 import hashlib
 import json
 import os
 import pathlib
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
+from absl import logging
 from etils import epath
 import numpy as np
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from encoder_jax import paths
+
+if TYPE_CHECKING:
+  from encoder_jax.data import sources
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 CONTINUATION = "##"
@@ -432,3 +440,48 @@ def train_bpe(files_or_iterator: Iterable[str] | Sequence[os.PathLike], vocab_si
     for name in (BPE_MERGES, "vocab.json"):
       os.replace(os.path.join(tmp, name), out_dir / name)
   return ByteLevelBPETokenizer.from_files(out_dir / "vocab.json")
+
+
+# ------------------------------------------------------------------------------ documents
+_TOKENIZE_BATCH_SENTENCES = 32768  # big batches keep the Rust tokenizer busy
+
+
+def tokenize_documents(docs: Iterable["sources.Document"],
+                       tok: SubwordTokenizer) -> Iterator[tuple[str, dict]]:
+  """Tokenizes documents in large batches; yields (doc_id, record), skipping (with a warning)
+  documents without a token.
+
+  Sentence by sentence, each after the first as it stands in the running text
+  (`tok.continuing`: a byte-level BPE's `Ġ` before its first word). The first token of every
+  sentence starts a word: a WordPiece sentence never begins with a `##` piece, and a BPE
+  document's first word has no space before it to carry the `Ġ` that marks the others."""
+
+  def flush(batch):
+    sents = [s if j == 0 else tok.continuing(s) for d in batch for j, s in enumerate(d.sentences)]
+    ids_N, lengths_S = tok.encode_batch_np(sents)
+    starts_N = tok.word_starts(ids_N)
+    starts_N[(np.cumsum(lengths_S) - lengths_S)[lengths_S > 0]] = True
+    tok_off = sent_off = 0
+    for d in batch:
+      lengths = lengths_S[sent_off:sent_off + len(d.sentences)]
+      keep = lengths > 0  # sentences that normalize to nothing (e.g. control characters)
+      n = int(lengths.sum())
+      rec = {"doc_id": d.doc_id, "ids": ids_N[tok_off:tok_off + n],
+             "word_starts": starts_N[tok_off:tok_off + n],
+             "sentence_lengths": lengths[keep].astype(np.int32)}
+      tok_off += n
+      sent_off += len(d.sentences)
+      if n == 0:
+        logging.warning("document %s has no tokens; skipped", d.doc_id)
+        continue
+      yield d.doc_id, rec
+
+  batch, batch_sents = [], 0
+  for d in docs:
+    batch.append(d)
+    batch_sents += len(d.sentences)
+    if batch_sents >= _TOKENIZE_BATCH_SENTENCES:
+      yield from flush(batch)
+      batch, batch_sents = [], 0
+  if batch:
+    yield from flush(batch)

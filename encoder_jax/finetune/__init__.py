@@ -4,7 +4,10 @@
                from TFDS, encoding, scoring
   squad.py     SQuAD windows (doc stride, max context), span labels, answer extraction
   metrics.py   accuracy, F1, MCC, Pearson/Spearman, tagging accuracy, official SQuAD EM/F1
-  backbone.py  FinetuneModel (Encoder + head); loading HF / our Orbax checkpoints / random
+  backbone.py  FinetuneModel (Encoder + head), built from a loaded (or random) encoder
+               (encoder_jax.train.pretrained loads minilm, hf:<dir>, ckpt:<run>)
+  setup.py     the config read once: every key checked (a typo fails before any work),
+               frozen Settings that everything below reads
   trainer.py   one seed: AdamW + LLRD + warm-up, freezing, epochs, dev selection, test
   run.py       finetune_and_evaluate(config, workdir): seeds, results JSON/markdown, export
   main.py      the command: python -m encoder_jax.finetune.main --help

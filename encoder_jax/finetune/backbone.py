@@ -1,10 +1,10 @@
 """The fine-tuning model: an encoder + one task head, built from a loaded backbone.
 
-  bb = encoder_jax.convert.load.load_backbone("ckpt:runs/x")   # or minilm, hf:<dir>
+  bb = encoder_jax.train.pretrained.load_backbone("ckpt:runs/x")   # or minilm, hf:<dir>
   model = build_model(bb, "classify", num_labels=2, pooling="cls", seed=0)
 
 Where the encoder's parameters come from (a HF folder of any registered family, a pre-training
-run) is encoder_jax.convert.load's business; a random encoder is a Backbone without
+run) is encoder_jax.train.pretrained's business; a random encoder is a Backbone without
 parameters (`Backbone(cfg, None, None, "random")`). A BERT pooler, when the source has one,
 initialises the [CLS] classifier's pooler (as HF's BertForSequenceClassification does).
 
@@ -20,7 +20,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from encoder_jax.convert.load import Backbone
+from encoder_jax.train.pretrained import Backbone
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.model.dropout import fold_rng
 from encoder_jax.model.encoder import Encoder

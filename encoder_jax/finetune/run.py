@@ -1,5 +1,6 @@
 """`finetune_and_evaluate(config, workdir)`: N seeds from one backbone, results to JSON + a
-markdown table, optional pooled-embedding export. `config` is configs/finetune.py's ConfigDict.
+markdown table, optional pooled-embedding export. `config` is configs/finetune.py's ConfigDict,
+read once into frozen settings (setup.build, which fails a typo before any work).
 
 Outputs in workdir (a local folder or gs://bucket/...; written through encoder_jax.paths):
   results.json   config, backbone, data sizes, one record per seed (best epoch, dev and test
@@ -18,121 +19,96 @@ from typing import Any
 from etils import epath
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 from absl import logging
 
 from encoder_jax import paths
-from encoder_jax.convert import load
 from encoder_jax.finetune import backbone as backbone_lib
 from encoder_jax.finetune import metrics as metrics_lib
+from encoder_jax.finetune import setup
 from encoder_jax.finetune import tasks as tasks_lib
 from encoder_jax.finetune import trainer
 from encoder_jax.model.attention import describe_attention
 from encoder_jax.model.matmul import describe_dots
 from encoder_jax.model.config import SIZES, ModelConfig
 from encoder_jax.model.heads import pool
-from encoder_jax.train import sharding
+from encoder_jax.train import pretrained, sharding
 
 
-def _random_config(config) -> tuple[ModelConfig, str | None]:
-  """The shape (and vocab, when known) of a random encoder: config.random_like, a size or
-  a source whose exact shape, numerics and vocab to take ('minilm', 'hf:<dir>', 'ckpt:<dir>')."""
-  like = config.random_like
-  overrides = dict(config.model.to_dict())
-  if like in SIZES:
-    return ModelConfig(**{**SIZES[like], **overrides}), None
-  if like == "minilm" or like.startswith(("hf:", "ckpt:")):
-    return load.backbone_config(like, overrides, config.cache_dir or None)
-  raise ValueError(f"random_like={like!r}; use 'minilm', 'hf:<dir>', 'ckpt:<dir>' or a size "
-                   f"{sorted(SIZES)}.")
+def _random_config(b: setup.BackboneSettings) -> tuple[ModelConfig, str | None]:
+  """The shape (and vocab, when known) of a random encoder: random_like, a size or a source
+  whose exact shape, numerics and vocab to take ('minilm', 'hf:<dir>', 'ckpt:<dir>')."""
+  if b.random_like in SIZES:
+    return ModelConfig(**{**SIZES[b.random_like], **b.overrides}), None
+  return pretrained.backbone_config(b.random_like, b.overrides, b.cache_dir)
 
 
-def _backbone(config) -> load.Backbone:
-  if config.init == "random":
-    cfg, vocab = _random_config(config)
-    return load.Backbone(cfg, None, None, "random", vocab)
-  return load.load_backbone(config.init, model_overrides=config.model.to_dict(),
-                            cache_dir=config.cache_dir or None)
+def _backbone(b: setup.BackboneSettings) -> pretrained.Backbone:
+  if b.init == "random":
+    cfg, vocab = _random_config(b)
+    return pretrained.Backbone(cfg, None, None, "random", vocab)
+  return pretrained.load_backbone(b.init, model_overrides=b.overrides, cache_dir=b.cache_dir)
 
 
-def _tokenizer(config, bb: load.Backbone):
-  from encoder_jax.data.builders import resolve_vocab
-  from encoder_jax.data.fetch import minilm_vocab
+def _tokenizer(b: setup.BackboneSettings, bb: pretrained.Backbone):
   from encoder_jax.data import tokenizer
-  vocab = config.vocab or bb.vocab  # the flag, else what the source was trained with
+  from encoder_jax.data.fetch import minilm_vocab
+  from encoder_jax.data.vocab import resolve_vocab
+  vocab = b.vocab or bb.vocab  # the flag, else what the source was trained with
   if not vocab and bb.encoder is not None:
     raise ValueError(f"{bb.source} has no vocab (vocab.txt, or vocab.json + merges.txt) beside "
                      "its weights; pass the vocab it was trained with (--config.vocab=<file>).")
-  path = resolve_vocab(vocab, config.cache_dir or None) if vocab else minilm_vocab(
-      config.cache_dir or None)
-  tok = tokenizer.load(path, lowercase=config.lowercase)
+  path = resolve_vocab(vocab, b.cache_dir) if vocab else minilm_vocab(b.cache_dir)
+  tok = tokenizer.load(path, lowercase=b.lowercase)
   if tok.vocab_size > bb.cfg.vocab_size:
     raise ValueError(f"vocab {path} has {tok.vocab_size} tokens but the encoder's vocab_size is "
                      f"{bb.cfg.vocab_size}; pass the vocab it was trained with (--config.vocab).")
   return tok
 
 
-def load_data(spec: tasks_lib.TaskSpec, tok, config) -> dict[str, tasks_lib.Encoded]:
-  splits = [spec.train_split, *spec.dev_splits] + ([spec.test_split] if spec.test_split else [])
+def load_data(spec: tasks_lib.TaskSpec, tok, d: setup.DataSettings
+              ) -> dict[str, tasks_lib.Encoded]:
   data = {}
-  for split in splits:
+  for split in spec.splits:
     t0 = time.time()
-    limit = config.max_train_examples if split == spec.train_split else config.max_eval_examples
-    records = tasks_lib.read_split(spec, split, data_dir=config.data_dir or None,
-                                   cache_dir=config.cache_dir or None, max_examples=limit,
-                                   download=config.download)
-    data[split] = tasks_lib.encode(spec, records, tok, max_length=config.max_length,
-                                   doc_stride=config.doc_stride,
-                                   max_query_length=config.max_query_length)
+    limit = d.max_train_examples if split == spec.train_split else d.max_eval_examples
+    records = tasks_lib.read_split(spec, split, data_dir=d.data_dir, cache_dir=d.cache_dir,
+                                   max_examples=limit, download=d.download)
+    data[split] = tasks_lib.encode(spec, records, tok, max_length=d.max_length,
+                                   doc_stride=d.doc_stride,
+                                   max_query_length=d.max_query_length)
     logging.info("%s/%s: %d records -> %d rows of %d tokens (%.1f s)", spec.name, split,
-                 len(records), len(data[split]), config.max_length, time.time() - t0)
+                 len(records), len(data[split]), d.max_length, time.time() - t0)
   return data
 
 
-def finetune_and_evaluate(config, workdir: str) -> dict[str, Any]:
+def finetune_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Runs config.seeds fine-tuning seeds (config.seed, config.seed + 1, ...) from one
-  backbone; writes results.json and results.md to workdir and returns the results dict."""
+  backbone; writes results.json and results.md to workdir and returns the results dict.
+  The ConfigDict is read once, by setup.build; everything below reads its frozen Settings."""
   t_start = time.time()
+  s = setup.build(config)  # the one boundary: checks every key, then freezes
+  del config
   workdir = paths.absolute(workdir)  # local or gs:// (encoder_jax.paths)
   if not paths.is_uri(workdir):
     workdir.mkdir(parents=True, exist_ok=True)
-  spec = tasks_lib.get_task(config.task)
-  if config.seeds < 1:
-    raise ValueError(f"seeds={config.seeds}; run at least one seed.")
-  if config.freeze_encoder and config.layer_decay < 1:
+  spec, t = s.task, s.train
+  if t.freeze_encoder and t.layer_decay < 1:
     logging.warning("freeze_encoder makes layer_decay=%s moot (the encoder gets no update)",
-                    config.layer_decay)
-  bb = _backbone(config)
-  logging.info("backbone %s: %d layers, d=%d, vocab %d", bb.source, bb.cfg.num_layers,
-               bb.cfg.hidden_size, bb.cfg.vocab_size)
-  # The attention path of the fine-tuning step (dropout=False trains in eval mode: no dropout).
-  logging.info("%s", describe_attention(
-      bb.cfg if config.dropout else bb.cfg.replace(attention_dropout=0.0)))
-  logging.info("%s", describe_dots(bb.cfg.dot_dtype, bb.cfg.dtype))
-  if config.max_length > bb.cfg.max_positions:
-    raise ValueError(f"max_length={config.max_length} > the encoder's max_positions="
+                    t.layer_decay)
+  bb = _backbone(s.backbone)
+  _describe(bb.cfg, t.dropout)
+  if s.data.max_length > bb.cfg.max_positions:
+    raise ValueError(f"max_length={s.data.max_length} > the encoder's max_positions="
                      f"{bb.cfg.max_positions}; lower --config.max_length.")
-  tok = _tokenizer(config, bb)
-  data = load_data(spec, tok, config)
-  runs, steps_and_tx = [], None
-  train_cfg = trainer.TrainConfig.of(config)  # the frozen view the trainer reads
-  for i in range(config.seeds):
-    seed = config.seed + i
-    model = backbone_lib.build_model(bb, spec.kind, spec.num_labels, pooling=config.pooling,
-                                     seed=seed)
-    # Every seed has the same module structure and optimizer: compile the steps once.
-    steps_and_tx = steps_and_tx or trainer.build_steps(
-        spec, model, data, train_cfg, mesh=sharding.mesh_from_config(config.get("mesh", "auto")))
-    runs.append(trainer.finetune_one_seed(spec, model, data, train_cfg, seed, steps_and_tx))
-    logging.info("seed %d done: %s", seed, _one_line(runs[-1]))
-    if config.save_best:
-      _save_params(workdir / f"seed_{seed}" / "best", model)
-    if i == 0 and config.export_embeddings:
-      export_embeddings(model, spec, data, config, workdir / "embeddings")
+  tok = _tokenizer(s.backbone, bb)
+  data = load_data(spec, tok, s.data)
+  runs = _run_seeds(s, bb, data, workdir)
   results = {
-      "task": spec.name, "init": config.init, "backbone": bb.source,
+      "task": spec.name, "init": s.backbone.init, "backbone": bb.source,
       "model": {k: v for k, v in bb.cfg.to_dict().items()},
-      "config": config.to_dict(), "data_rows": {s: len(e) for s, e in data.items()},
+      "config": json.loads(s.config), "data_rows": {k: len(e) for k, e in data.items()},
       "runs": runs, "summary": summarize_runs(runs), "seconds": round(time.time() - t_start, 1),
   }
   paths.write_atomic(workdir / "results.json", json.dumps(results, indent=1, default=float) + "\n")
@@ -140,6 +116,34 @@ def finetune_and_evaluate(config, workdir: str) -> dict[str, Any]:
   logging.info("wrote %s and results.md (%.0f s)", workdir / "results.json",
                time.time() - t_start)
   return results
+
+
+def _describe(cfg: ModelConfig, dropout: bool) -> None:
+  logging.info("backbone: %d layers, d=%d, vocab %d", cfg.num_layers, cfg.hidden_size,
+               cfg.vocab_size)
+  # The attention path of the fine-tuning step (dropout=False trains in eval mode: no dropout).
+  logging.info("%s", describe_attention(cfg if dropout else cfg.replace(attention_dropout=0.0)))
+  logging.info("%s", describe_dots(cfg.dot_dtype, cfg.dtype))
+
+
+def _run_seeds(s: setup.Settings, bb: pretrained.Backbone, data, workdir) -> list[dict]:
+  """Each seed's record; the first seed's embeddings exported, each seed's best saved, as
+  the settings ask."""
+  runs, steps_and_tx = [], None
+  for i in range(s.seeds):
+    seed = s.seed + i
+    model = backbone_lib.build_model(bb, s.task.kind, s.task.num_labels,
+                                     pooling=s.backbone.pooling, seed=seed)
+    # Every seed has the same module structure and optimizer: compile the steps once.
+    steps_and_tx = steps_and_tx or trainer.build_steps(
+        s.task, model, data, s.train, mesh=sharding.mesh_from_config(s.mesh))
+    runs.append(trainer.finetune_one_seed(s.task, model, data, s.train, seed, steps_and_tx))
+    logging.info("seed %d done: %s", seed, _one_line(runs[-1]))
+    if s.output.save_best:
+      _save_params(workdir / f"seed_{seed}" / "best", model)
+    if i == 0 and s.output.export_embeddings:
+      export_embeddings(model, s.task, data, s.output, s.train, workdir / "embeddings")
+  return runs
 
 
 def _one_line(run: dict[str, Any]) -> str:
@@ -180,24 +184,22 @@ def markdown_table(results: list[dict[str, Any]]) -> str:
   return "\n".join(lines)
 
 
-def export_embeddings(model, spec, data, config, out_dir: epath.Path) -> list[epath.Path]:
+def export_embeddings(model, spec, data, out: setup.OutputSettings, t: setup.TrainSettings,
+                      out_dir: epath.Path) -> list[epath.Path]:
   """Pooled sentence embeddings ([CLS] or masked mean of the last layer) of the configured
   splits to .npy (float32 [N, D]), with the split's labels beside them."""
   from flax import nnx
   if not paths.is_uri(out_dir):
     out_dir.mkdir(parents=True, exist_ok=True)
-  kind = config.export_pooling
+  kind = out.export_pooling
   embed = nnx.jit(lambda m, ids, mask, types: pool(
       m.encoder(ids, mask, types).hidden_BxTxD, mask, kind))
   written = []
-  for split in [s for s in config.export_embeddings.split(",") if s]:
-    if split not in data:
-      raise ValueError(f"export_embeddings: split {split!r} not loaded; choose from "
-                       f"{sorted(data)}.")
+  for split in out.export_embeddings:  # (setup.check: splits of the task)
     enc = data[split]
     chunks = []
-    for idx, batch in trainer.batches(enc, np.arange(len(enc)), config.eval_batch_size,
-                                      config.length_bucket):
+    for idx, batch in trainer.batches(enc, np.arange(len(enc)), t.eval_batch_size,
+                                      t.length_bucket):
       e = embed(model, jnp.asarray(batch["input_ids"]), jnp.asarray(batch["mask"]),
                 jnp.asarray(batch["token_types"]))
       chunks.append(np.asarray(jax.device_get(e))[:len(idx)])

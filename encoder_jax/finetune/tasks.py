@@ -1,6 +1,6 @@
 """Fine-tuning tasks: what each one reads, how it is encoded, and how it is scored.
 
-  rotten_tomatoes   demo sentiment (encoder_jax.data.builders, split by movie)   accuracy, F1
+  rotten_tomatoes   demo sentiment (encoder_jax.data.tasks, split by movie)      accuracy, F1
   brown_pos         demo POS tagging, 12 universal tags, first-subtoken labels   accuracy
   glue/<task>       the nine GLUE tasks from TFDS: cola (MCC), sst2, mnli (matched and
                     mismatched dev), qnli, rte, wnli (accuracy), mrpc, qqp (F1, accuracy),
@@ -42,6 +42,11 @@ class TaskSpec:
   @property
   def select_metric(self) -> str:
     return self.metrics[0]
+
+  @property
+  def splits(self) -> tuple[str, ...]:
+    """Every split a run reads: train, the dev splits, the labelled test split if any."""
+    return (self.train_split, *self.dev_splits) + ((self.test_split,) if self.test_split else ())
 
 
 def _glue(task: str, text_keys, num_labels=2, dev=("validation",)) -> TaskSpec:
@@ -95,7 +100,7 @@ def read_split(spec: TaskSpec, split: str, *, data_dir=None, cache_dir=None,
   """All records of a split (a seeded subset of `max_examples` when > 0), as python dicts."""
   import tensorflow_datasets as tfds
   if spec.source == "demo":
-    from encoder_jax.data.builders import prepare_task
+    from encoder_jax.data.tasks import prepare_task
     src = prepare_task(spec.name, data_dir=data_dir, cache_dir=cache_dir).as_data_source(split)
   else:
     _register_tfds_builders()

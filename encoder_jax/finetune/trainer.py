@@ -1,7 +1,8 @@
 """One fine-tuning run (one seed): AdamW with layer-wise LR decay and warm-up, epochs, dev
 evaluation after each epoch, best-epoch selection, test evaluation with the best parameters.
 Step and loop are pre-training's (train.step.make_step, train.loop_parts) around the task loss
-(encoder_jax.objectives.finetune), so the two trainers cannot drift apart.
+(encoder_jax.objectives.finetune), so the two trainers cannot drift apart. What a seed's
+training reads is setup.TrainSettings, frozen once from the config (setup.build).
 
 Freezing vs eval mode. They are independent switches:
   * `freeze_encoder` keeps every encoder parameter bit-identical: the optimizer is an
@@ -39,6 +40,7 @@ from flax import nnx
 
 from encoder_jax.finetune import tasks as tasks_lib
 from encoder_jax.finetune.backbone import FinetuneModel
+from encoder_jax.finetune.setup import TrainSettings
 from encoder_jax.model.heads import NEG_INF
 from encoder_jax.objectives import finetune as objective
 from encoder_jax.train import loop_parts, recovery
@@ -49,43 +51,12 @@ from encoder_jax.train.optim import OptimConfig, build_optimizer, path_names
 _MODEL_KEYS = ("input_ids", "mask", "token_types")
 
 
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-  """What one fine-tuning run's training reads from configs/finetune.py, made once from the
-  ConfigDict (`of`, at encoder_jax.finetune.run's boundary); the functions below take either
-  and convert a ConfigDict at entry, so callers and tests may pass the ConfigDict."""
-  learning_rate: float
-  weight_decay: float
-  warmup_frac: float
-  clip_grad_norm: float
-  layer_decay: float
-  freeze_encoder: bool
-  dropout: bool
-  epochs: int
-  batch_size: int
-  eval_batch_size: int
-  length_bucket: int
-  group_by_length: bool
-  log_every: int
-  max_answer_length: int
-  null_threshold: float
-  eval_dev: bool = True
-
-  @classmethod
-  def of(cls, config) -> "TrainConfig":
-    if isinstance(config, cls):
-      return config
-    return cls(**{f.name: config[f.name] if f.default is dataclasses.MISSING
-                  else config.get(f.name, f.default) for f in dataclasses.fields(cls)})
-
-
 def is_encoder_param(path) -> bool:
   return path_names(path)[:1] == ("encoder",)
 
 
-def make_optimizer(config, *, num_layers: int, total_steps: int):
+def make_optimizer(config: TrainSettings, *, num_layers: int, total_steps: int):
   """AdamW (weight decay off LayerNorm/bias), linear warm-up + decay, clipping, LLRD, freeze."""
-  config = TrainConfig.of(config)
   warmup = int(round(config.warmup_frac * total_steps))
   ocfg = OptimConfig(optimizer="adamw", learning_rate=config.learning_rate, b1=0.9, b2=0.999,
                      eps=1e-6, weight_decay=config.weight_decay, schedule="linear",
@@ -198,8 +169,8 @@ def predict_split(steps: Steps, params, enc: tasks_lib.Encoded, batch_size: int,
   return {k: v[inverse] for k, v in out.items()}
 
 
-def evaluate(spec, steps: Steps, params, enc: tasks_lib.Encoded, config) -> dict[str, float]:
-  config = TrainConfig.of(config)
+def evaluate(spec, steps: Steps, params, enc: tasks_lib.Encoded,
+             config: TrainSettings) -> dict[str, float]:
   outputs = predict_split(steps, params, enc, config.eval_batch_size, config.length_bucket)
   return tasks_lib.score(spec, enc, outputs, max_answer_length=config.max_answer_length,
                          null_threshold=config.null_threshold)
@@ -212,14 +183,14 @@ def host_copy(tree):
   return jax.tree.map(lambda x: np.array(x, copy=True), tree)
 
 
-def total_steps(spec: tasks_lib.TaskSpec, data, config) -> int:
-  config = TrainConfig.of(config)
+def total_steps(spec: tasks_lib.TaskSpec, data, config: TrainSettings) -> int:
   return math.ceil(len(data[spec.train_split]) / config.batch_size) * config.epochs
 
 
-def build_steps(spec: tasks_lib.TaskSpec, model: FinetuneModel, data, config, mesh=None):
-  """(steps, optimizer) from the run config, shared by every seed of a run (one compilation)."""
-  config = TrainConfig.of(config)
+def build_steps(spec: tasks_lib.TaskSpec, model: FinetuneModel, data, config: TrainSettings,
+                mesh=None):
+  """(steps, optimizer) from the run's settings, shared by every seed of a run (one
+  compilation)."""
   tx, schedule = make_optimizer(config, num_layers=model.cfg.num_layers,
                                 total_steps=total_steps(spec, data, config))
   return make_steps(model, tx, schedule, freeze=config.freeze_encoder, dropout=config.dropout,
@@ -227,14 +198,13 @@ def build_steps(spec: tasks_lib.TaskSpec, model: FinetuneModel, data, config, me
 
 
 def finetune_one_seed(spec: tasks_lib.TaskSpec, model: FinetuneModel,
-                      data: dict[str, tasks_lib.Encoded], config, seed: int,
+                      data: dict[str, tasks_lib.Encoded], config: TrainSettings, seed: int,
                       steps_and_tx=None) -> dict[str, Any]:
   """Trains `model` on data['train'], picks the epoch with the best first dev metric, scores
   dev and test splits with those parameters. Returns the run's record (JSON-ready).
   With config.eval_dev False no dev split is scored: the last epoch is kept and the record's
   "dev" is empty (for one-epoch runs, where there is nothing to select).
   `steps_and_tx`: build_steps(...) of an earlier seed, to reuse its compiled steps."""
-  config = TrainConfig.of(config)
   train, steps_total = data[spec.train_split], total_steps(spec, data, config)
   steps, tx = steps_and_tx or build_steps(spec, model, data, config)
   params = nnx.state(model, nnx.Param)

@@ -5,8 +5,8 @@
       and NSP heads, ELECTRA's generator): BERT's phase 2 (configs/pretrain.py:...,phase=2),
       or a longer run from a shorter one;
   --config.init_from=<HF folder> | minilm
-      the encoder (and BERT's pooler) of a HF folder of any family encoder_jax.convert.load
-      reads (BERT, RoBERTa, ELECTRA), and an MLM run's heads where the folder has them
+      the encoder (and BERT's pooler) of a HF folder of any family encoder_jax.hf reads
+      (BERT, RoBERTa, ELECTRA, ModernBERT), and an MLM run's heads where the folder has them
       (RobertaForMaskedLM, BertForPreTraining): continued pre-training of RoBERTa with its own
       LM head, or of all-MiniLM-L6-v2 (which ships without an MLM head: that head starts
       fresh, its decoder tied to the loaded token embedding).
@@ -17,12 +17,12 @@ Refused, naming both sides: a source whose vocabulary differs from data.vocab, a
 whose shape differs (another size, vocab size or max_positions), a source none of whose
 parameters fits.
 
-Layering: reading HF folders is encoder_jax.convert's job (above train/), so the entry point
-(encoder_jax.pretrain.pretrain) loads the source into a `Pretrained` and passes it in.
+The trainer loads the source itself (`load`, when a new run starts: loop.start_state), through
+train/pretrained.py, the one loader of an encoder's parameters: HF folders are read by
+encoder_jax.hf, below the trainer, and runs by run_dir.py.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable
 
 from etils import epath
@@ -30,18 +30,17 @@ import jax
 import numpy as np
 from flax import nnx, traverse_util
 
+from encoder_jax import hf
+from encoder_jax.train import pretrained
+from encoder_jax.train.pretrained import Backbone
 
-@dataclasses.dataclass(frozen=True)
-class Pretrained:
-  """Parameters to start from, as host arrays in pure (nested dict) form."""
-  source: str  # what the user named, for messages
-  encoder: dict | None = None  # an Encoder's parameters (HF sources)
-  pooler: dict | None = None  # BERT's pooler {'dense': ...}, when the source has one
-  # A HF source's MLM (+ NSP) head where an MLM run keeps it ({'mlm': ..., 'nsp': ...}): a
-  # RobertaForMaskedLM or BertForPreTraining folder continues pre-training with its head.
-  heads: dict | None = None
-  full: dict | None = None  # every parameter of an encoder_jax pre-training run
-  vocab: str | None = None  # the vocab.txt the parameters were trained with, when known
+
+def load(spec: str, cache_dir=None) -> Backbone:
+  """config.init_from -> its parameters: 'minilm', a HF folder (config.json with a model_type:
+  its encoder, pooler and MLM head where it has them), or a pre-training workdir / checkpoint
+  step folder (local or gs://: every parameter)."""
+  source = spec if spec == "minilm" else f"hf:{spec}" if hf.model_type(spec) else f"ckpt:{spec}"
+  return pretrained.load_backbone(source, cache_dir=cache_dir)
 
 
 # Where the encoder and the pooler sit in each pre-training model's parameters
@@ -50,10 +49,10 @@ ENCODER_PATHS = {"mlm": (("bert", "encoder"), ("bert", "pooler")),
                  "electra": (("discriminator",), ("pooler",))}
 
 
-def source_tree(pre: Pretrained, is_electra: bool) -> dict:
+def source_tree(pre: Backbone, is_electra: bool) -> dict:
   """The source's parameters laid out as this run's model names them."""
-  if pre.full is not None:
-    return pre.full
+  if pre.params is not None:  # a run's: every parameter
+    return pre.params
   enc_at, pool_at = ENCODER_PATHS["electra" if is_electra else "mlm"]
   tree = traverse_util.unflatten_dict(
       {at: sub for at, sub in ((enc_at, pre.encoder), (pool_at, pre.pooler)) if sub is not None})
@@ -126,7 +125,7 @@ def merge(fresh: dict, source: dict, what: str) -> tuple[dict, list[str], list[s
   return merged, taken, kept
 
 
-def check_vocab(run_vocab: str, pre: Pretrained) -> None:
+def check_vocab(run_vocab: str, pre: Backbone) -> None:
   """The source's vocabulary must be the run's, token for token (ids index the embedding)."""
   if pre.vocab is None:
     return  # unknown: the embedding's shape check is all there is
@@ -138,7 +137,7 @@ def check_vocab(run_vocab: str, pre: Pretrained) -> None:
                      "embedding rows. Set data.vocab to the source's vocab.")
 
 
-def apply(params: Any, pre: Pretrained, is_electra: bool, run_vocab: str,
+def apply(params: Any, pre: Backbone, is_electra: bool, run_vocab: str,
           say: Callable[[str], None]) -> Any:
   """`params` (the fresh nnx.State, possibly sharded) with the source's values placed into the
   same shardings."""

@@ -76,7 +76,7 @@ import numpy as np
 
 from encoder_jax import paths
 from encoder_jax.data import unigram
-from encoder_jax.data.builders import resolve_vocab
+from encoder_jax.data.vocab import resolve_vocab
 from encoder_jax.model import matmul
 from encoder_jax.train import flops as flops_lib
 from encoder_jax.train import init_from
@@ -177,28 +177,23 @@ def unigram_baseline(s: setup.Setup, train_rows) -> tuple[jax.Array, float]:
           unigram.unigram_entropy(counts, s.obj.special_ids))
 
 
-def start_state(s: setup.Setup, state_shardings=None,
-                pretrained: init_from.Pretrained | None = None) -> step_lib.TrainState:
-  """A new run's state: initialised from the seed, with config.init_from's parameters put in."""
+def start_state(s: setup.Setup, state_shardings=None) -> step_lib.TrainState:
+  """A new run's state: initialised from the seed, with config.init_from's parameters put in
+  (loaded here, train/init_from.py)."""
   state = initial_state(s.init_fn, state_shardings)
   if not s.init_from:
     return state
-  if pretrained is None:
-    raise setup.ConfigError(
-        f"config.init_from={s.init_from!r} is loaded by the entry point: run python -m "
-        "encoder_jax.main --mode=pretrain (or call encoder_jax.pretrain.pretrain instead of "
-        "train_and_evaluate).")
+  with Stage(f"loading init_from={s.init_from}"):
+    source = init_from.load(s.init_from, s.data.cache_dir)
   vocab = resolve_vocab(s.data.vocab, s.data.cache_dir)
-  return state._replace(params=init_from.apply(state.params, pretrained, s.obj.is_electra,
-                                               vocab, _say))
+  return state._replace(params=init_from.apply(state.params, source, s.obj.is_electra, vocab,
+                                               _say))
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                       pretrained: init_from.Pretrained | None = None) -> dict:
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Trains (resuming from `workdir` if it holds checkpoints), evaluates; returns the summary.
-
-  A new run starts from `pretrained`'s parameters when config.init_from names a source
-  (encoder_jax.pretrain.pretrain loads it; encoder_jax.train.init_from)."""
+  A new run starts from config.init_from's parameters when it names a source
+  (encoder_jax.train.init_from)."""
   t_start = time.perf_counter()
   workdir = paths.absolute(workdir)  # a gs:// workdir stays one (encoder_jax.paths)
   if not paths.is_uri(workdir):  # (a bucket needs no folders)
@@ -233,22 +228,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if eval_loader is not None:
       steps.start_eval(baseline[0])
     begin = recovery.restore_or_init(
-        ckpt, t, abstract, lambda: start_state(s, state_shardings, pretrained),
-        train_it, _say)
+        ckpt, t, abstract, lambda: start_state(s, state_shardings), train_it, _say)
     if begin.step and recorded_config is not None:
       note = setup.schedule_change_note(recorded_config, s, begin.step)
       if note:
         _say(note)
-    cfg = s.model_cfg
-    dots = ("bfloat16" if matmul.bf16_dots(cfg.dot_dtype, cfg.dtype, cfg.platform)
-            else "float32")
-    n_peak, peak, peak_source = flops_lib.peak_of_mesh(mesh, t.peak_flops, dots)
-    num_params = sum(x.size for x in jax.tree.leaves(begin.state.params))
-    _say(f"{s.obj.objective} ({s.obj.sentence_task}) | {num_params:,} params | "
-         f"batch {s.data.batch_size} x {s.data.example.max_length} | "
-         f"{s.flops_per_step:.3g} FLOPs/step | MFU against a peak of {n_peak} x "
-         f"{peak / 1e9:.1f} GFLOP/s ({peak_source}) | "
-         f"steps {begin.step} -> {s.end_step} ({s.planned_stop})")
+    n_peak, peak, num_params = _announce(s, mesh, begin)
     run = _Run(s, workdir, begin, ckpt, train_it, eval_loader, baseline[0], mesh,
                steps, parts.ThroughputMeter(s.flops_per_step, s.tokens_per_step, n_peak, peak),
                prior_wall_s=float(begin.meta.get("wall_s", 0.0)), t_start=t_start)
@@ -260,24 +245,48 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if run is not None:
       run.writer.close()
     ckpt.close()  # waits for saves in flight, whatever stopped the loop
+  return _summarize(s, workdir, run, stop_reason, time.perf_counter() - t_start,
+                    dict(resumed_from=begin.step or None, peak_flops=peak, peak_devices=n_peak,
+                         num_params=num_params, unigram_entropy=baseline[1]))
 
-  wall_s = time.perf_counter() - t_start
+
+def _announce(s: setup.Setup, mesh, begin: recovery.Begin) -> tuple[int, float, int]:
+  """Prints what the run is (objective, size, batch, FLOPs, the MFU's peak, steps); returns
+  (devices of the peak, peak FLOP/s per device, parameters)."""
+  cfg = s.model_cfg
+  dots = "bfloat16" if matmul.bf16_dots(cfg.dot_dtype, cfg.dtype, cfg.platform) else "float32"
+  n_peak, peak, peak_source = flops_lib.peak_of_mesh(mesh, s.train.peak_flops, dots)
+  num_params = sum(x.size for x in jax.tree.leaves(begin.state.params))
+  _say(f"{s.obj.objective} ({s.obj.sentence_task}) | {num_params:,} params | "
+       f"batch {s.data.batch_size} x {s.data.example.max_length} | "
+       f"{s.flops_per_step:.3g} FLOPs/step | MFU against a peak of {n_peak} x "
+       f"{peak / 1e9:.1f} GFLOP/s ({peak_source}) | "
+       f"steps {begin.step} -> {s.end_step} ({s.planned_stop})")
+  return n_peak, peak, num_params
+
+
+def _summarize(s: setup.Setup, workdir: epath.Path, run: "_Run", stop_reason: str,
+               wall_s: float, known: dict) -> dict:
+  """summary.json of a run that stopped (`known`: what the start measured), written and
+  printed with the held-out line."""
   summary = dict(
-      steps=run.step, stop_reason=stop_reason, resumed_from=begin.step or None,
+      steps=run.step, stop_reason=stop_reason, resumed_from=known["resumed_from"],
       wall_s=wall_s, total_wall_s=run.prior_wall_s + wall_s, compile_s=run.compile_s,
       **run.meter.summary(), flops_per_step=s.flops_per_step,
-      cumulative_flops=run.step * s.flops_per_step, peak_flops=peak, peak_devices=n_peak,
-      num_params=num_params, final_train_loss=run.last_train.get("loss"),
-      final_eval_loss=run.last_eval.get("loss"), final_train=run.last_train,
-      final_eval=run.last_eval, unigram_entropy=baseline[1],
-      checkpoints=run.checkpoints, rollback_checkpoint=run.rollback.step)
+      cumulative_flops=run.step * s.flops_per_step, peak_flops=known["peak_flops"],
+      peak_devices=known["peak_devices"], num_params=known["num_params"],
+      final_train_loss=run.last_train.get("loss"), final_eval_loss=run.last_eval.get("loss"),
+      final_train=run.last_train, final_eval=run.last_eval,
+      unigram_entropy=known["unigram_entropy"], checkpoints=run.checkpoints,
+      rollback_checkpoint=run.rollback.step)
   summary["mfu_note"] = flops_lib.mfu_above_peak_note(summary.get("mfu"))
   _write_summary(workdir, summary)
   _say(f"done: {run.step} steps ({stop_reason}) in {format_duration(wall_s)}; summary "
        + json.dumps({k: summary[k] for k in ("steps", "wall_s", "tokens_per_s", "mfu",
                                              "cumulative_flops", "final_train_loss",
                                              "final_eval_loss")}))
-  for line in (summary["mfu_note"], parts.heldout_line(run.step, run.last_eval, baseline[1],
+  for line in (summary["mfu_note"], parts.heldout_line(run.step, run.last_eval,
+                                                      known["unigram_entropy"],
                                                       s.data.eval_split)):
     if line:
       _say(line)

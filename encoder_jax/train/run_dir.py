@@ -8,7 +8,7 @@ checkpoint counts, and that checkpoint's parameters on one device.
   step = run.good_step(report=print)   # the step folder named, or the newest that verifies
   model = run.model(step)          # the pre-training model (eval mode) with that step's params
 
-Export (encoder_jax.convert.export), fine-tuning and init_from (encoder_jax.convert.load) read
+Export (encoder_jax.convert.export), fine-tuning and init_from (train/pretrained.py) read
 runs only through this class, so they agree on what a folder holds: the model is rebuilt from
 the whole recorded config (every ModelConfig field, those that leave no trace in a parameter
 shape included: activation, position_bias, norm eps, ...), never guessed from the shapes.
@@ -42,7 +42,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from encoder_jax import paths
-from encoder_jax.data.builders import resolve_vocab
+from encoder_jax.data.vocab import resolve_vocab
 from encoder_jax.objectives import pretraining
 from encoder_jax.train import setup as setup_lib
 

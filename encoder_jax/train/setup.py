@@ -21,10 +21,9 @@ from absl import logging
 from etils import epath
 import jax
 import ml_collections
-import numpy as np
 
-from encoder_jax.data import examples, pipeline, shards, tokenizer, unigram
-from encoder_jax.data.builders import resolve_vocab
+from encoder_jax.data import examples, pipeline, tokenizer
+from encoder_jax.data.vocab import resolve_vocab
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.objectives import pretraining
 from encoder_jax.train import flops as flops_lib
@@ -192,9 +191,7 @@ class DataSettings:
   seed: int  # the loader's shuffle
 
   @classmethod
-  def of(cls, config: ml_collections.ConfigDict | DataSettings) -> DataSettings:
-    if isinstance(config, cls):
-      return config
+  def of(cls, config: ml_collections.ConfigDict) -> DataSettings:
     d = config.data
     return cls(source=d.source, vocab=d.vocab, batch_size=d.batch_size,
                eval_split=d.eval_split, data_dir=d.data_dir or None,
@@ -208,9 +205,8 @@ class DataSettings:
                seed=config.seed)
 
 
-def make_loader(data: ml_collections.ConfigDict | DataSettings, split: str) -> pipeline.Loader:
+def make_loader(d: DataSettings, split: str) -> pipeline.Loader:
   """This host's loader over `split` of the run's row shards (built once; data/shards.py)."""
-  d = DataSettings.of(data)
   return pipeline.pretrain_loader(
       source=d.source, vocab=d.vocab, split=split, example=d.example,
       global_batch_size=d.batch_size, seed=d.seed, data_dir=d.data_dir, cache_dir=d.cache_dir,
@@ -219,28 +215,13 @@ def make_loader(data: ml_collections.ConfigDict | DataSettings, split: str) -> p
       blank_line_docs=d.blank_line_docs)
 
 
-def abstract_batch(data: ml_collections.ConfigDict | DataSettings, batch_sharding
-                   ) -> dict[str, jax.ShapeDtypeStruct]:
+def abstract_batch(d: DataSettings, batch_sharding) -> dict[str, jax.ShapeDtypeStruct]:
   """The global batches make_loader's loaders yield, as shapes and dtypes placed by
   `batch_sharding` (pipeline.batch_spec; no corpus is read): what an ahead-of-time compile of
   the train or eval step takes."""
-  d = DataSettings.of(data)
   spec = pipeline.batch_spec(d.example, d.batch_size, example_ids=d.example_ids)
   return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding)
           for k, (shape, dtype) in spec.items()}
-
-
-def train_unigram_counts(data: ml_collections.ConfigDict | DataSettings,
-                         vocab_size: int) -> np.ndarray:
-  """Token counts of the training rows (the built shards; evenly spaced rows past 50M tokens,
-  so a mixture counts by its weights). Special tokens are counted too; the baseline drops them
-  (unigram.unigram_log_probs)."""
-  d = DataSettings.of(data)
-  parts = shards.prepare_shards(d.source, d.vocab, d.example, d.data_dir, d.cache_dir,
-                                workers=d.build_workers, docs_per_shard=d.shard_docs,
-                                blank_line_docs=d.blank_line_docs,
-                                source_data_dir=d.source_data_dir)
-  return unigram.row_counts(shards.ShardedRows(parts, "train"), vocab_size)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -145,7 +145,7 @@ def test_cli_overrides(tmp_path):
 def test_roberta_recipe_is_table_9(size, lr, warmup):
   """recipe=roberta: RoBERTa's pre-training hyperparameters (Liu et al. 2019, Appendix Table 9),
   a byte-level BPE of the released size, FULL-SENTENCES packed, no NSP, dynamic masking."""
-  from encoder_jax.data import builders, tokenizer
+  from encoder_jax.data import tokenizer, vocab as vocab_lib
   c = pretrain.get_config(f"recipe=roberta,size={size}")
   assert (c.data.format, c.data.pack, c.data.max_length, c.data.batch_size) == (
       "full_sentences", True, 512, 8192)
@@ -161,7 +161,7 @@ def test_roberta_recipe_is_table_9(size, lr, warmup):
   assert (c.model.hidden_dropout, c.model.attention_dropout) == (0.1, 0.1)
   assert (c.model.norm_first, c.model.type_vocab_size) == (False, 1)  # post-LN, no segments
   assert c.data.vocab == "demo-bpe:50265"  # a byte-level BPE of the released 50,265 entries
-  assert tokenizer.is_bpe(builders.resolve_vocab("demo-bpe"))  # (the 8,192 one: cheap)
+  assert tokenizer.is_bpe(vocab_lib.resolve_vocab("demo-bpe"))  # (the 8,192 one: cheap)
   bert = pretrain.get_config(f"size={size}")  # the default recipe is untouched
   assert (bert.data.vocab, bert.optim.b2, bert.data.pack) == ("minilm", 0.999, False)
   assert bert.model.type_vocab_size == 2

@@ -29,7 +29,7 @@ from loop_helpers import tiny_config  # noqa: E402
 
 from encoder_jax.convert import export  # noqa: E402
 from encoder_jax.convert import load_hf_bert, load_hf_electra_pair  # noqa: E402
-from encoder_jax.convert.hf_bert import _pure_params  # noqa: E402
+from encoder_jax.hf.bert import _pure_params  # noqa: E402
 from encoder_jax.data import tokenizer  # noqa: E402
 from encoder_jax.data.tokenizer import WordPieceTokenizer  # noqa: E402
 from encoder_jax.train import loop, setup  # noqa: E402
@@ -327,15 +327,15 @@ def test_a_pre_ln_alibi_run_is_refused_in_one_line(tmp_path):
   assert not out.exists()
   # No switch lacking everywhere: the closest family and what it lacks (ELECTRA-small's
   # embedding projection with NSP: BERT has no projection, ELECTRA no NSP head).
-  from encoder_jax.convert import load
+  from encoder_jax import hf
   from encoder_jax.model.config import ModelConfig
   from encoder_jax.objectives.pretraining import ObjectiveConfig
   cfg, obj = ModelConfig(embedding_size=128), ObjectiveConfig(sentence_task="nsp")
-  assert export.refusal("runs/x", cfg, obj, load.exporting_family(cfg, obj)[1]).startswith(
-      "no family in RoBERTa/BERT/ELECTRA/ModernBERT represents this run: the closest, BERT, has no place "
-      "for model.embedding_size=128 (HF BERT has no embedding projection to hidden_size=768); "
-      "the nearest exportable configuration is this run's with --config.model.embedding_size=0"
-      ", which exports as BERT. Fine-tune")
+  assert export.refusal("runs/x", cfg, obj, hf.exporting_family(cfg, obj)[1]).startswith(
+      "no family in RoBERTa/BERT/ELECTRA/ModernBERT represents this run: the closest, BERT, has "
+      "no place for model.embedding_size=128 (HF BERT has no embedding projection to "
+      "hidden_size=768); the nearest exportable configuration is this run's with "
+      "--config.model.embedding_size=0, which exports as BERT. Fine-tune")
 
 
 @pytest.mark.parametrize("preset,model,family", [
@@ -352,9 +352,9 @@ def test_a_pre_ln_alibi_run_is_refused_in_one_line(tmp_path):
     ("size=tiny,norm=pre", {}, None),
 ])
 def test_export_takes_the_first_family_that_represents_the_run(preset, model, family):
-  """Each preset shape goes to the family that computes it exactly (load.FAMILIES' order:
+  """Each preset shape goes to the family that computes it exactly (hf.FAMILIES' order:
   RoBERTa, BERT, ELECTRA), or to none."""
-  from encoder_jax.convert import load
+  from encoder_jax import hf
   from encoder_jax.model.config import ModelConfig
   from encoder_jax.objectives.pretraining import ObjectiveConfig
   config = loop_helpers.pretrain.get_config(preset)
@@ -363,7 +363,7 @@ def test_export_takes_the_first_family_that_represents_the_run(preset, model, fa
   cfg = ModelConfig(**{**d, "embedding_size": d["embedding_size"] or None, **model})
   obj = ObjectiveConfig(objective=config.objective.objective,
                         sentence_task=config.objective.sentence_task)
-  found, gaps = load.exporting_family(cfg, obj)
+  found, gaps = hf.exporting_family(cfg, obj)
   assert (found.name if found else None) == family, [(f.name, g) for f, g in gaps]
 
 

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from encoder_jax.convert import export_hf_bert, load_hf_bert  # noqa: E402
-from encoder_jax.convert.hf_bert import _pure_params  # noqa: E402
+from encoder_jax.hf.bert import _pure_params  # noqa: E402
 from encoder_jax.data.fetch import minilm_dir  # noqa: E402
 from encoder_jax.data.tokenizer import WordPieceTokenizer  # noqa: E402
 from encoder_jax.model import BertForPreTraining, ModelConfig  # noqa: E402
@@ -126,7 +126,7 @@ def test_embedding_projection_matches_transformers_electra():
   """ELECTRA-small's embeddings are narrower than its hidden size (128 -> 256): the encoder
   projects them once, between the embedding LayerNorm and the first block, as HF's
   ElectraModel (`embeddings_project`) does. Same weights, same outputs."""
-  from encoder_jax.convert.hf_bert import _encoder_to_hf
+  from encoder_jax.hf.bert import _encoder_to_hf
   from encoder_jax.model import Encoder
   cfg = ModelConfig(vocab_size=50, hidden_size=32, embedding_size=16, num_layers=2,
                     num_heads=4, ffn_size=64, max_positions=16, scan_layers=False)

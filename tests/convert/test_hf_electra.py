@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers")
 
 from encoder_jax.convert import (export_hf_electra, load_hf_bert, load_hf_electra,  # noqa: E402
                                  load_hf_electra_pair)
-from encoder_jax.convert.hf_bert import _pure_params  # noqa: E402
+from encoder_jax.hf.bert import _pure_params  # noqa: E402
 from encoder_jax.model.electra import (ElectraDiscriminator, ElectraGenerator,  # noqa: E402
                                        ElectraModel)
 

@@ -1,6 +1,6 @@
 """HF ModernBERT parity (transformers' torch ModernBertModel / ModernBertForMaskedLM built from a
 ModernBertConfig with random weights; no hub), the modernbert size family against HF's
-parameter counts, and import / export both ways (encoder_jax.convert.hf_modernbert)."""
+parameter counts, and import / export both ways (encoder_jax.hf.modernbert)."""
 import json
 
 import jax
@@ -12,8 +12,8 @@ from flax import nnx
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from encoder_jax.convert import hf_modernbert  # noqa: E402
-from encoder_jax.convert.hf_bert import _pure_params  # noqa: E402
+from encoder_jax.hf import modernbert as hf_modernbert  # noqa: E402
+from encoder_jax.hf.bert import _pure_params  # noqa: E402
 from encoder_jax.model import BertForPreTraining, BertModel, ModelConfig  # noqa: E402
 from encoder_jax.model.config import MODERNBERT_BLOCK, model_config_for_size  # noqa: E402
 from encoder_jax.model.electra import ElectraModel, generator_config  # noqa: E402

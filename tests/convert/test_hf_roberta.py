@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from encoder_jax.convert import export_hf_roberta, load_hf_roberta  # noqa: E402
-from encoder_jax.convert.hf_bert import _pure_params  # noqa: E402
+from encoder_jax.hf.bert import _pure_params  # noqa: E402
 from encoder_jax.model import BertForPreTraining, ModelConfig  # noqa: E402
 
 pytestmark = pytest.mark.parity

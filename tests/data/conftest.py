@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from encoder_jax.data import builders, examples, fetch, shards, tokenizer
+from encoder_jax.data import examples, fetch, shards, tokenizer, vocab as vocab_lib
 
 
 @pytest.fixture(scope="session")
@@ -22,7 +22,7 @@ def demo_corpus(demo_shards):
 
 @pytest.fixture(scope="session")
 def bert_tok():
-  return tokenizer.WordPieceTokenizer.from_vocab(builders.resolve_vocab("minilm"))
+  return tokenizer.WordPieceTokenizer.from_vocab(vocab_lib.resolve_vocab("minilm"))
 
 
 @pytest.fixture(scope="session")
@@ -34,7 +34,7 @@ def moby_chapters() -> list[str]:
 
 @pytest.fixture(scope="session")
 def bpe_tok():
-  return tokenizer.load(builders.resolve_vocab("demo-bpe"))
+  return tokenizer.load(vocab_lib.resolve_vocab("demo-bpe"))
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from encoder_jax.data import builders, sources, tokenizer
+from encoder_jax.data import sources, tokenizer, vocab as vocab_lib
+from word_labels import check_first_piece_labels
 
 ODD = [
     "Café naïve RÉSUMÉ façade, jalapeño and Ærø",       # accents: cased, nothing stripped
@@ -101,16 +102,7 @@ def test_pre_split_words_match_roberta_with_prefix_space(bpe_tok, hf):
   _, roberta = hf
   words = [["Call", "me", "Ishmael", "."], ["Unbelievably", "tokenizable", "Café"] * 10]
   labels = [[1, 2, 3, 4], [5, 6, 7] * 10]
-  b = bpe_tok.batch_encode_words(words, labels, max_length=16)
-  theirs = roberta(words, is_split_into_words=True, truncation=True, padding="max_length",
-                   max_length=16, return_tensors="np")
-  np.testing.assert_array_equal(b["input_ids"], theirs["input_ids"])
-  for i in range(2):
-    prev, want = None, []
-    for w in theirs.word_ids(i):
-      want.append(-100 if w is None or w == prev else labels[i][w])
-      prev = w
-    assert b["labels"][i].tolist() == want
+  check_first_piece_labels(bpe_tok, roberta, words, labels, max_length=16)
 
 
 def test_word_starts_are_the_tokens_after_a_space(bpe_tok):
@@ -125,10 +117,10 @@ def test_documents_are_tokenized_as_their_running_text(vocab):
   """Sentence by sentence, each document's ids are exactly those of its whole text (the
   sentences joined by spaces): a BPE sentence inside a document starts with `Ġ`. Every
   sentence's first token starts a word; elsewhere the starts are the tokenizer's table."""
-  tok = tokenizer.load(builders.resolve_vocab(vocab))
+  tok = tokenizer.load(vocab_lib.resolve_vocab(vocab))
   docs = sources.demo_documents(split=None, parts=("moby_dick",))[:40]
   n_sentence_firsts = 0
-  for d, (doc_id, rec) in zip(docs, builders.tokenize_documents(docs, tok)):
+  for d, (doc_id, rec) in zip(docs, tokenizer.tokenize_documents(docs, tok)):
     assert doc_id == d.doc_id
     ids = tok.encode(d.text)
     assert rec["ids"].tolist() == ids and rec["sentence_lengths"].sum() == len(ids)
@@ -152,7 +144,7 @@ tokenizer.train_bpe(docs, 600, sys.argv[1])
 
 def test_the_trainer_is_deterministic(tmp_path):
   """Trainings on the same text write the same files byte for byte (tokenizers' WordPiece
-  trainer does not: builders.py), ties between equally frequent pairs included (a small vocab
+  trainer does not: vocab.py), ties between equally frequent pairs included (a small vocab
   on a small text has many): here and in two other processes with other hash seeds."""
   docs = [d.text for d in sources.demo_documents(split=None, parts=("moby_dick",))[:20]]
   tok = tokenizer.train_bpe(docs, 600, tmp_path / "a")
@@ -173,18 +165,18 @@ def test_the_trainer_is_deterministic(tmp_path):
 def test_vocab_specs_and_errors(tmp_path, bpe_tok):
   folder = os.path.dirname(bpe_tok.source)
   vocab_json = os.path.join(folder, "vocab.json")
-  assert builders.resolve_vocab("demo-bpe") == vocab_json
-  assert builders.resolve_vocab("demo-bpe:8192") == vocab_json
-  assert builders.resolve_vocab(folder) == vocab_json  # a folder with vocab.json + merges.txt
-  assert builders.resolve_vocab(vocab_json) == vocab_json
+  assert vocab_lib.resolve_vocab("demo-bpe") == vocab_json
+  assert vocab_lib.resolve_vocab("demo-bpe:8192") == vocab_json
+  assert vocab_lib.resolve_vocab(folder) == vocab_json  # a folder with vocab.json + merges.txt
+  assert vocab_lib.resolve_vocab(vocab_json) == vocab_json
   assert tokenizer.load(folder) is bpe_tok  # one tokenizer per contents
   with pytest.raises(ValueError, match="demo-bpe:8192"):
-    builders.resolve_vocab("demo-bpe:100")  # fewer than the 256 bytes + 5 specials
+    vocab_lib.resolve_vocab("demo-bpe:100")  # fewer than the 256 bytes + 5 specials
   lone = tmp_path / "lone"
   lone.mkdir()
   (lone / "vocab.json").write_text(open(vocab_json).read())
   with pytest.raises(FileNotFoundError, match="merges.txt"):
-    builders.resolve_vocab(str(lone / "vocab.json"))
+    vocab_lib.resolve_vocab(str(lone / "vocab.json"))
   # The ids depend on the merges too: the digest (hence the shards' key) changes with them.
   merges = open(os.path.join(folder, "merges.txt")).read().split("\n")
   (lone / "merges.txt").write_text("\n".join(merges[:1000]))  # the first 999 merges

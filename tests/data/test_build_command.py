@@ -147,7 +147,7 @@ def test_own_text_trains_on_the_first_try(tmp_path, moby_chapters, monkeypatch,
   config = trainer_config(line, "--config.data.batch_size=8")
   monkeypatch.setattr(shard_build, "build_share", lambda *a, **k: pytest.fail("built again"))
   for split in ("train", "validation"):
-    batch = next(iter(setup.make_loader(config, split)))
+    batch = next(iter(setup.make_loader(setup.DataSettings.of(config), split)))
     assert batch["input_ids"].shape == (8, 64)
 
 

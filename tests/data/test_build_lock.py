@@ -1,4 +1,4 @@
-"""Two processes building the same TFDS dataset at once both succeed (builders.build_once).
+"""Two processes building the same TFDS dataset at once both succeed (tasks.build_once).
 
 Without the lock TFDS's final rename fails in whichever process finishes second; this test
 holds both builds inside `_generate_examples` at the same time to make that race certain.
@@ -15,7 +15,7 @@ SCRIPT = textwrap.dedent("""
     import pathlib, sys, time
     import numpy as np
     import tensorflow_datasets as tfds
-    from encoder_jax.data import builders
+    from encoder_jax.data import tasks
 
     go = pathlib.Path({data_dir!r}) / "go"
 
@@ -37,7 +37,7 @@ SCRIPT = textwrap.dedent("""
         for i in range(10):
           yield i, {{"x": i}}
 
-    builders.build_once(Racy(data_dir={data_dir!r}, file_format="array_record"))
+    tasks.build_once(Racy(data_dir={data_dir!r}, file_format="array_record"))
     print("rows", len(tfds.data_source("racy", data_dir={data_dir!r}, split="train")))
 """)
 

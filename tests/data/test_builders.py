@@ -6,7 +6,7 @@ import pathlib
 
 import numpy as np
 
-from encoder_jax.data import brown, builders, examples, shards, sources
+from encoder_jax.data import brown, examples, shards, sources, tasks, vocab as vocab_lib
 
 # Pinned artifacts + BERT uncased vocab + sentencex 1.0.32 give exactly these numbers.
 DEMO_TRAIN = {"documents": 749, "sentences": 112_715, "tokens": 3_353_819}
@@ -42,7 +42,7 @@ def test_pos_heldout_documents_not_in_pretraining(demo_corpus):
 
 
 def test_rotten_tomatoes_split_by_movie():
-  b = builders.prepare_task("rotten_tomatoes")
+  b = tasks.prepare_task("rotten_tomatoes")
   sizes, movies, labels = {}, {}, {}
   for split in ("train", "validation", "test"):
     src = b.as_data_source(split=split)
@@ -60,7 +60,7 @@ def test_rotten_tomatoes_split_by_movie():
 
 
 def test_brown_pos_splits_and_tags():
-  b = builders.prepare_task("brown_pos")
+  b = tasks.prepare_task("brown_pos")
   sizes, docs = {}, {}
   for split in ("train", "validation", "test"):
     src = b.as_data_source(split=split)
@@ -118,7 +118,7 @@ def test_corpus_cache_is_keyed_by_content(tmp_path, bert_tok):
   assert "shark" in words(edited) and "whale" not in words(edited)
 
   vocab = tmp_path / "vocab.txt"
-  vocab.write_text(pathlib.Path(builders.resolve_vocab("minilm")).read_text())
+  vocab.write_text(pathlib.Path(vocab_lib.resolve_vocab("minilm")).read_text())
   named = build(str(vocab))
   with vocab.open("a") as f:
     f.write("brandnewtoken\n")

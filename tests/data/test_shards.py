@@ -14,8 +14,8 @@ import sys
 import numpy as np
 import pytest
 
-from encoder_jax.data import (builders, examples, pipeline, records, shard_build, shards, sources,
-                              tokenizer)
+from encoder_jax.data import (examples, pipeline, records, shard_build, shards, sources, tokenizer,
+                              unigram, vocab as vocab_lib)
 
 # Two synthetic sources whose words (hence WordPiece ids) are disjoint: a row's ids tell which
 # source each of its segments came from.
@@ -41,7 +41,7 @@ def _write_txt(folder, words, n_docs, seed):
 
 @pytest.fixture(scope="module")
 def tok():
-  return tokenizer.WordPieceTokenizer.load(builders.resolve_vocab("minilm"))
+  return tokenizer.WordPieceTokenizer.load(vocab_lib.resolve_vocab("minilm"))
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,7 @@ def test_rows_are_the_shard_plans_rows(tmp_path, corpus_dir, tok):
   # Shard 1 (the second) rebuilt in memory: its documents are train documents 16..31.
   docs = [sources.Document(i, sources.split_sentences(t))
           for i, t in sources.local_texts(source[6:]) if sources.split_of(i) == "train"][16:32]
-  corpus = examples.Corpus.from_records(r for _, r in builders.tokenize_documents(docs, tok))
+  corpus = examples.Corpus.from_records(r for _, r in tokenizer.tokenize_documents(docs, tok))
   cfg = dataclasses.replace(NSP, seed=shard_build.shard_seed(NSP.seed, "train", 1))
   expected = examples.Rows(corpus, examples.make_plan(corpus, cfg), cfg, tok.cls_id, tok.sep_id,
                            tok.pad_id)
@@ -105,7 +105,7 @@ def test_byte_level_bpe_rows_are_the_shard_plans_rows(tmp_path, corpus_dir, exam
   """With a byte-level BPE vocab the shards hold RoBERTa's rows (`<s> A </s></s> B </s>`, no
   token types): every shard's records decode to exactly examples.Rows of its documents planned
   in that layout."""
-  bpe = tokenizer.load(builders.resolve_vocab("demo-bpe"))
+  bpe = tokenizer.load(vocab_lib.resolve_vocab("demo-bpe"))
   source = f"files:{corpus_dir}/a/*.txt"
   (folder, _), = shards.prepare_shards(source, "demo-bpe", example, tmp_path, workers=0,
                                        docs_per_shard=16)
@@ -115,7 +115,7 @@ def test_byte_level_bpe_rows_are_the_shard_plans_rows(tmp_path, corpus_dir, exam
   at = 0
   for k, s in enumerate(shards.read_index(folder)["splits"]["train"]["shards"]):
     corpus = examples.Corpus.from_records(
-        r for _, r in builders.tokenize_documents(docs[16 * k:16 * (k + 1)], bpe))
+        r for _, r in tokenizer.tokenize_documents(docs[16 * k:16 * (k + 1)], bpe))
     cfg = dataclasses.replace(example, seed=shard_build.shard_seed(example.seed, "train", k))
     want = examples.Rows(corpus, examples.make_plan(corpus, cfg, "roberta"), cfg, bpe.cls_id,
                          bpe.sep_id, bpe.pad_id, "roberta")
@@ -333,7 +333,7 @@ def test_another_example_config_replans_from_the_token_cache(tmp_path, corpus_di
   other = examples.ExampleConfig(format="doc_sentences", max_length=48, seed=9)
   token_dir, = (tmp_path / "pretrain_tokens").iterdir()
   n_cached = len(list(token_dir.glob("*.npz")))
-  monkeypatch.setattr(builders, "tokenize_documents",
+  monkeypatch.setattr(tokenizer, "tokenize_documents",
                       lambda *a, **k: pytest.fail("tokenized again"))
   (second, _), = shards.prepare_shards(source, "minilm", other, tmp_path, workers=0,
                                        docs_per_shard=16)
@@ -368,12 +368,13 @@ def test_a_training_config_selects_the_sharded_mixture(tmp_path, corpus_dir):
       source=f"mix:files:{corpus_dir}/a/*.txt@0.5+files:{corpus_dir}/b/*.txt@0.5",
       data_dir=str(tmp_path), max_length=32, batch_size=8, build_workers=0,
       shard_docs=16))
-  loader = setup.make_loader(config, "train")
+  loader = setup.make_loader(setup.DataSettings.of(config), "train")
   assert isinstance(loader.rows, shards.ShardedRows) and len(loader.rows.names) == 2
   batch = next(iter(loader))
   assert batch["input_ids"].shape == (8, 32) and batch["nsp_label"].shape == (8,)
-  counts = setup.train_unigram_counts(config, loader.tokenizer.vocab_size)
-  # against the rows as the loader decodes them (not the ids-only fast path the count uses)
+  # the trainer's unigram baseline counts the loader's rows (loop.unigram_baseline) ...
+  counts = unigram.row_counts(loader.rows, loader.tokenizer.vocab_size)
+  # ... as the loader decodes them (not the ids-only fast path the count uses)
   rows = loader.rows
   want = np.bincount(np.concatenate([rows[i]["input_ids"][rows[i]["mask"]]
                                      for i in range(len(rows))]),

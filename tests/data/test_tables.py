@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from encoder_jax.data import builders, examples, shards, sources, tables
+from encoder_jax.data import examples, shards, sources, tables
 
 CFG = examples.ExampleConfig(format="segment_pair", nsp=True, max_length=48, seed=1)
 
@@ -84,7 +84,7 @@ def test_parquet_and_text_mixture_builds_and_reads(tmp_path, paragraphs):
 
 def test_parquet_key_follows_the_contents(tmp_path, paragraphs):
   _parquet(tmp_path / "c" / "x.parquet", paragraphs[:20])
-  key = lambda src: builders.source_key(src, data_dir=str(tmp_path / "out"))
+  key = lambda src: shards.source_key(src, data_dir=str(tmp_path / "out"))
   first = key(f"parquet:{tmp_path}/c/*.parquet")
   os.utime(tmp_path / "c" / "x.parquet")  # touched, same bytes: same key
   assert key(f"parquet:{tmp_path}/c/*.parquet") == first
@@ -200,12 +200,12 @@ def test_hf_parquet_tree_offline_builds_in_a_mixture(tmp_path, paragraphs):
 
 
 def test_hf_key_is_the_data(tmp_path, paragraphs):
-  key = lambda: builders.source_key(f"hf:{tmp_path}/ds:train", data_dir=str(tmp_path / "out"))
+  key = lambda: shards.source_key(f"hf:{tmp_path}/ds:train", data_dir=str(tmp_path / "out"))
   _saved(tmp_path, paragraphs)
   first = key()
   tables.open_hf.cache_clear()
   assert key() == first  # opened again: the same data, the same key
-  assert builders.source_key(f"hf:{tmp_path}/ds:train:n",
+  assert shards.source_key(f"hf:{tmp_path}/ds:train:n",
                              data_dir=str(tmp_path / "out")) != first  # another column...
   _saved(tmp_path, paragraphs[1:], name="ds")  # ... or other rows: another key
   tables.open_hf.cache_clear()

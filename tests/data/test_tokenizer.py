@@ -4,6 +4,7 @@ import pytest
 
 from encoder_jax.data import fetch
 from encoder_jax.data.tokenizer import WordPieceTokenizer, train_vocab
+from word_labels import check_first_piece_labels
 
 SENTENCES = [
     "Call me Ishmael.",
@@ -111,7 +112,7 @@ def test_trained_vocab_file_is_in_canonical_order(tmp_path):
 
 
 def test_resolve_vocab_names(tmp_path):
-  from encoder_jax.data.builders import resolve_vocab
+  from encoder_jax.data.vocab import resolve_vocab
   with pytest.raises(ValueError, match="demo:8192"):
     resolve_vocab("demo:lots")
   with pytest.raises(FileNotFoundError, match="demo"):
@@ -123,14 +124,14 @@ def test_the_demo_vocab_is_the_committed_file_on_every_machine(tmp_path):
   `demo:8192` resolve to the committed file whatever the cache, with its recorded sha256, and
   nothing is trained or written into the cache."""
   import hashlib
-  from encoder_jax.data import builders
+  from encoder_jax.data import vocab as vocab_lib
   for name in ("demo", "demo:8192"):
-    path = builders.resolve_vocab(name, cache_dir=tmp_path)
-    assert path == str(builders.DEMO_VOCAB_FILE)
-  data = builders.DEMO_VOCAB_FILE.read_bytes()
-  assert hashlib.sha256(data).hexdigest() == builders.DEMO_VOCAB_SHA256
+    path = vocab_lib.resolve_vocab(name, cache_dir=tmp_path)
+    assert path == str(vocab_lib.DEMO_VOCAB_FILE)
+  data = vocab_lib.DEMO_VOCAB_FILE.read_bytes()
+  assert hashlib.sha256(data).hexdigest() == vocab_lib.DEMO_VOCAB_SHA256
   lines = data.decode().splitlines()
-  assert len(lines) == len(set(lines)) == builders.DEMO_VOCAB_SIZE
+  assert len(lines) == len(set(lines)) == vocab_lib.DEMO_VOCAB_SIZE
   assert lines[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
   assert lines[5:] == sorted(lines[5:])
   assert not (tmp_path / "vocab").exists()
@@ -140,16 +141,7 @@ def test_the_demo_vocab_is_the_committed_file_on_every_machine(tmp_path):
 def test_tagging_first_subtoken_labels(tok, hf):
   words = [["Call", "me", "Ishmael", "."], ["Unbelievably", "tokenizable", "words"] * 10]
   labels = [[1, 2, 3, 4], [5, 6, 7] * 10]
-  b = tok.batch_encode_words(words, labels, max_length=16)
-  theirs = hf(words, is_split_into_words=True, truncation=True, padding="max_length",
-              max_length=16, return_tensors="np")
-  np.testing.assert_array_equal(b["input_ids"], theirs["input_ids"])
-  for i in range(2):  # HF's recipe: label the first piece of each word, -100 elsewhere
-    prev, want = None, []
-    for w in theirs.word_ids(i):
-      want.append(-100 if w is None or w == prev else labels[i][w])
-      prev = w
-    assert b["labels"][i].tolist() == want
+  b = check_first_piece_labels(tok, hf, words, labels, max_length=16)
   assert b["labels"][0].tolist()[:8] == [-100, 1, 2, 3, -100, -100, 4, -100]  # is ##hma ##el
   with pytest.raises(ValueError, match="4 words but 3 labels"):
     tok.batch_encode_words(words[:1], [[1, 2, 3]])

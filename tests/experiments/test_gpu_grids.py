@@ -186,7 +186,7 @@ def test_in_process_preemption_stops_the_grid_run(tmp_path, monkeypatch):
   from encoder_jax.train import loop
   calls = []
 
-  def preempted(config, workdir, pretrained=None):
+  def preempted(config, workdir):
     calls.append(workdir)
     pathlib.Path(workdir).mkdir(parents=True)
     (pathlib.Path(workdir) / "summary.json").write_text(json.dumps({"stop_reason": "preempted"}))

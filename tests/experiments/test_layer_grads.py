@@ -53,6 +53,7 @@ def test_a_point_records_per_layer_norms_at_init_and_the_report_is_written(tmp_p
   layer_grads.write_report(tmp_path, {(2, "post", 0): r}, cfg)
   md = (tmp_path / "results.md").read_text()
   assert "| 2 | post | 1 |" in md and "init std 0.02" in md
+  assert md.startswith("**Produced by** an unknown commit")  # (no provenance.json here)
   assert len((tmp_path / "layers.csv").read_text().splitlines()) == 1 + 3 * 2
   assert (tmp_path / "layer_grads.png").exists()
   assert (tmp_path / "loss_curves.png").exists()

@@ -1,5 +1,5 @@
 """Backbones: pre-training runs (BERT and ELECTRA layouts, every config field kept) and HF
-folders of each family, loaded through encoder_jax.convert.load into the fine-tuning model."""
+folders of each family, loaded through encoder_jax.train.pretrained into the fine-tuning model."""
 import dataclasses
 
 import jax
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from encoder_jax.convert import load
+from encoder_jax.train.pretrained import load_backbone
 from encoder_jax.finetune import backbone as bb
 from encoder_jax.model import BertModel, ModelConfig
 from encoder_jax.model.config import ACTIVATIONS
@@ -40,7 +40,7 @@ def _filled(make):
 def test_run_round_trip_with_its_nsp_pooler(tmp_path, vocab, model):
   config = R.run_config(vocab, "size=tiny,nsp=nsp", **model)
   saved = R.saved_run(tmp_path / "run", config)[7]
-  got = load.load_backbone(f"ckpt:{tmp_path / 'run'}")
+  got = load_backbone(f"ckpt:{tmp_path / 'run'}")
   assert got.source.endswith("checkpoints/7") and got.vocab == vocab
   ft = bb.build_model(got, "classify", 3, pooling="cls", seed=0)
   R.assert_same(ft.encoder, saved["bert"]["encoder"])
@@ -57,7 +57,8 @@ def _not_default(field: dataclasses.Field):
     return others[field.name]
   if isinstance(default, float):
     return default / 7 + 1e-9
-  return None  # (pad_token_id, like vocab_size, is the tokenizer's: setup.model_config)
+  # (pad_token_id is not a run's to set: setup.model_config gives the model its tokenizer's)
+  return None
 
 
 def test_every_numeric_config_field_survives_ckpt_fine_tuning(tmp_path, vocab):
@@ -69,7 +70,7 @@ def test_every_numeric_config_field_survives_ckpt_fine_tuning(tmp_path, vocab):
   assert {"activation", "position_bias", "layer_norm_eps", "hidden_dropout"} <= set(changes)
   config = R.run_config(vocab, **changes)
   R.saved_run(tmp_path / "run", config)
-  got = load.load_backbone(f"ckpt:{tmp_path / 'run'}", model_overrides={"hidden_dropout": 0.0})
+  got = load_backbone(f"ckpt:{tmp_path / 'run'}", model_overrides={"hidden_dropout": 0.0})
   for name, value in changes.items():
     want = 0.0 if name == "hidden_dropout" else value
     assert getattr(got.cfg, name) == want, name
@@ -89,16 +90,16 @@ def test_every_numeric_config_field_survives_ckpt_fine_tuning(tmp_path, vocab):
 def test_shapes_cannot_be_overridden_and_non_runs_are_named(tmp_path, vocab):
   R.saved_run(tmp_path / "run", R.run_config(vocab))
   with pytest.raises(ValueError, match="change shapes"):
-    load.load_backbone(f"ckpt:{tmp_path / 'run'}", model_overrides={"hidden_size": 32})
+    load_backbone(f"ckpt:{tmp_path / 'run'}", model_overrides={"hidden_size": 32})
   (tmp_path / "run" / "config.json").unlink()
   with pytest.raises(FileNotFoundError, match=r"lacks config\.json, which"):
-    load.load_backbone(f"ckpt:{tmp_path / 'run' / 'checkpoints'}")
+    load_backbone(f"ckpt:{tmp_path / 'run' / 'checkpoints'}")
 
 
 def test_electra_run_gives_the_discriminator(tmp_path, vocab):
   config = R.run_config(vocab, "size=tiny,objective=electra", embedding_size=8)
   saved = R.saved_run(tmp_path / "run", config)[7]
-  got = load.load_backbone(f"ckpt:{tmp_path / 'run' / 'checkpoints' / '7'}")  # a step folder
+  got = load_backbone(f"ckpt:{tmp_path / 'run' / 'checkpoints' / '7'}")  # a step folder
   assert got.cfg.embed_size == 8 and got.pooler is None
   ft = bb.build_model(got, "tag", 5, pooling="cls", seed=0)
   R.assert_same(ft.encoder, saved["discriminator"])
@@ -108,7 +109,7 @@ def test_hf_folder_backbone(tmp_path):
   from encoder_jax.convert import export_hf_bert
   model = _filled(lambda: BertModel(CFG, rngs=nnx.Rngs(2)))
   export_hf_bert(model, tmp_path / "hf")
-  got = load.load_backbone(f"hf:{tmp_path / 'hf'}", model_overrides={"hidden_dropout": 0.0})
+  got = load_backbone(f"hf:{tmp_path / 'hf'}", model_overrides={"hidden_dropout": 0.0})
   assert got.cfg.hidden_dropout == 0.0 and got.cfg.num_layers == 2
   ft = bb.build_model(got, "classify", 2, pooling="cls", seed=0)
   R.assert_same(ft.encoder, model.encoder)
@@ -123,14 +124,14 @@ def test_hf_electra_and_roberta_folder_backbones(tmp_path):
   from encoder_jax.model.electra import ElectraDiscriminator
   disc = _filled(lambda: ElectraDiscriminator(CFG.replace(embedding_size=8), rngs=nnx.Rngs(4)))
   export_hf_electra(disc, tmp_path / "electra")
-  got = load.load_backbone(f"hf:{tmp_path / 'electra'}", model_overrides={"hidden_dropout": 0.0})
+  got = load_backbone(f"hf:{tmp_path / 'electra'}", model_overrides={"hidden_dropout": 0.0})
   assert got.cfg == disc.cfg.replace(hidden_dropout=0.0) and got.pooler is None
   R.assert_same(bb.build_model(got, "classify", 2, pooling="cls", seed=0).encoder,
                 disc.encoder)
   roberta_cfg = CFG.replace(type_vocab_size=1, pad_token_id=1, layer_norm_eps=1e-5)
   mlm = _filled(lambda: BertForPreTraining(roberta_cfg, nsp=False, rngs=nnx.Rngs(5)))
   export_hf_roberta(mlm, tmp_path / "roberta")
-  got = load.load_backbone(f"hf:{tmp_path / 'roberta'}")
+  got = load_backbone(f"hf:{tmp_path / 'roberta'}")
   assert got.cfg == roberta_cfg and got.pooler is None
   R.assert_same(bb.build_model(got, "tag", 2, pooling="cls", seed=0).encoder, mlm.bert.encoder)
   R.assert_same(got.heads["mlm"], mlm.mlm)  # the LM head comes along (init_from takes it)

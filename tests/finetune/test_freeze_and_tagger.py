@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from encoder_jax.finetune import tasks, trainer
+from encoder_jax.finetune import setup, tasks, trainer
 from encoder_jax.finetune.backbone import Backbone, build_model
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.objectives.finetune import task_loss
@@ -58,7 +58,8 @@ def _setup(tiny_config, freeze: bool, dropout: bool, n: int = 2, **changes):
   config = tiny_config("glue/cola", "", freeze_encoder=freeze, dropout=dropout,
                        learning_rate=1e-2, warmup_frac=0.0, epochs=n, batch_size=4, **changes)
   data = {"train": tasks.Encoded(_batch())}
-  steps, tx = trainer.build_steps(tasks.get_task("glue/cola"), model, data, config)
+  steps, tx = trainer.build_steps(tasks.get_task("glue/cola"), model, data,
+                                  setup.build(config).train)
   params = nnx.state(model, nnx.Param)
   return steps, tx, params
 

@@ -9,7 +9,7 @@ import optax
 import pytest
 from flax import nnx
 
-from encoder_jax.finetune import tasks, trainer
+from encoder_jax.finetune import setup, tasks, trainer
 from encoder_jax.finetune.backbone import Backbone, build_model
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.objectives import finetune as objective
@@ -35,7 +35,8 @@ def _finetune(tiny_config, **changes):
                                             "learning_rate": 1e-2, "epochs": 1,
                                             "batch_size": 2, "log_every": 2, **changes})
   data = {"train": _rows(6), "validation": _rows(6)}
-  return model, config, trainer.finetune_one_seed(spec, model, data, config, seed=0)
+  return model, config, trainer.finetune_one_seed(spec, model, data, setup.build(config).train,
+                                                  seed=0)
 
 
 def test_pretraining_and_finetuning_run_the_one_step_maker(made_steps, tiny_config):

@@ -7,7 +7,7 @@ import optax
 import pytest
 from flax import nnx
 
-from encoder_jax.finetune import run, tasks, trainer
+from encoder_jax.finetune import run, setup, tasks, trainer
 from encoder_jax.finetune.backbone import FinetuneModel
 from encoder_jax.model import ModelConfig
 from encoder_jax.model.heads import NEG_INF, masked_mean
@@ -60,8 +60,8 @@ def test_exported_embeddings_are_each_rows_own_in_row_order(tmp_path, tiny_confi
   enc = encoded()
   config = tiny_config("glue/cola", "", export_embeddings="validation", export_pooling="mean",
                        eval_batch_size=4, length_bucket=8)
-  [path] = run.export_embeddings(model, tasks.get_task("glue/cola"), {"validation": enc}, config,
-                                 tmp_path)
+  s = setup.build(config)
+  [path] = run.export_embeddings(model, s.task, {"validation": enc}, s.output, s.train, tmp_path)
   got = np.load(path)
   mask = jnp.asarray(enc.arrays["mask"])
   hidden = model.encoder(jnp.asarray(enc.arrays["input_ids"]), mask,

@@ -7,7 +7,7 @@ from flax import nnx
 
 from encoder_jax.data import fetch
 from encoder_jax.data.tokenizer import WordPieceTokenizer
-from encoder_jax.finetune import backbone, run, tasks, trainer
+from encoder_jax.finetune import backbone, run, setup, trainer
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.train import sharding
 
@@ -16,13 +16,12 @@ CFG = ModelConfig(vocab_size=30522, hidden_size=32, num_heads=2, ffn_size=64, nu
 
 
 def _finetune(config, mesh):
-  spec = tasks.get_task("rotten_tomatoes")
-  data = run.load_data(spec, WordPieceTokenizer.from_vocab(fetch.minilm_vocab()), config)
+  s = setup.build(config)
+  data = run.load_data(s.task, WordPieceTokenizer.from_vocab(fetch.minilm_vocab()), s.data)
   model = backbone.build_model(backbone.Backbone(CFG, None, None, "random"), "classify", 2,
                                pooling="cls", seed=0)
-  steps_and_tx = trainer.build_steps(spec, model, data, config,
-                                     mesh=mesh)
-  record = trainer.finetune_one_seed(spec, model, data, config, 0, steps_and_tx)
+  steps_and_tx = trainer.build_steps(s.task, model, data, s.train, mesh=mesh)
+  record = trainer.finetune_one_seed(s.task, model, data, s.train, 0, steps_and_tx)
   return record, trainer.host_copy(nnx.state(model, nnx.Param)), steps_and_tx[0]
 
 
@@ -50,9 +49,8 @@ def test_eight_devices_equal_one(tiny_config):
 def test_the_trainer_reads_a_frozen_config_made_once(tiny_config):
   import dataclasses
   config = tiny_config("rotten_tomatoes", "minilm", learning_rate=2e-3)
-  t = trainer.TrainConfig.of(config)
+  t = setup.build(config).train
   assert t.learning_rate == 2e-3 and t.batch_size == config.batch_size
-  assert trainer.TrainConfig.of(t) is t
   with pytest.raises(dataclasses.FrozenInstanceError):
     t.learning_rate = 1.0
   config.learning_rate = 5.0  # the ConfigDict changing later does not reach the view
@@ -71,11 +69,11 @@ def test_a_frozen_encoder_fine_tunes_on_the_sharded_mesh(tiny_config):
   model = backbone.build_model(backbone.Backbone(CFG, None, None, "random"), "classify", 2,
                                pooling="cls", seed=0)
   before = trainer.host_copy(nnx.state(model, nnx.Param))
-  spec = tasks.get_task("rotten_tomatoes")
-  data = run.load_data(spec, WordPieceTokenizer.from_vocab(fetch.minilm_vocab()), config)
-  steps_and_tx = trainer.build_steps(spec, model, data, config,
+  s = setup.build(config)
+  data = run.load_data(s.task, WordPieceTokenizer.from_vocab(fetch.minilm_vocab()), s.data)
+  steps_and_tx = trainer.build_steps(s.task, model, data, s.train,
                                      mesh=sharding.mesh_from_config("2,2,2"))
-  trainer.finetune_one_seed(spec, model, data, config, 0, steps_and_tx)
+  trainer.finetune_one_seed(s.task, model, data, s.train, 0, steps_and_tx)
   after = trainer.host_copy(nnx.state(model, nnx.Param))
   same = lambda a, b: all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a),
                                                                 jax.tree.leaves(b)))

@@ -88,8 +88,8 @@ def test_byte_level_bpe_windows_use_robertas_layout_and_map_answers_back():
   """With a byte-level BPE (the demo one): `<s> question </s></s> window </s>`, all token
   types 0, one more special per window; answers come back as the context's text (offsets
   without the space that `Ġ` carries)."""
-  from encoder_jax.data import builders, tokenizer  # pylint: disable=g-import-not-at-top
-  bpe = tokenizer.load(builders.resolve_vocab("demo-bpe"))
+  from encoder_jax.data import tokenizer, vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  bpe = tokenizer.load(vocab_lib.resolve_vocab("demo-bpe"))
   exs = [_example("the mat", "q1"), _example("far away", "q2")]
   feats = squad.build_features(exs, bpe, max_length=20, doc_stride=3, max_query_length=8)
   q = bpe.encode(QUESTION)

@@ -11,9 +11,7 @@ import time
 import pytest
 
 HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "train"))  # loop_helpers, multihost_worker
-import emulator  # noqa: E402
+import emulator  # noqa: E402  (pytest puts a conftest's folder on the path)
 
 
 def _free_port() -> int:

@@ -25,10 +25,10 @@ import pytest
 import tensorflow_datasets as tfds
 
 from encoder_jax import paths
-from encoder_jax.convert import export, load
-from encoder_jax.data.builders import resolve_vocab
+from encoder_jax.convert import export
+from encoder_jax.data.vocab import resolve_vocab
 from encoder_jax.finetune import finetune_and_evaluate
-from encoder_jax.train import checkpoint, loop, setup
+from encoder_jax.train import checkpoint, loop, pretrained, setup
 from loop_helpers import (DOCS, N, ROOT, assert_bitwise_equal, budget_for,
                           eval_rows, restore,
                           run_subprocess, tiny_config, train_rows, wait_for)
@@ -93,7 +93,7 @@ def test_sigkill_then_resume_from_the_bucket_is_bit_exact(env, straight):
 
 def test_finetune_from_the_gcs_checkpoint(env, straight):
   workdir = straight["workdir"]
-  bb = load.load_backbone(f"ckpt:{workdir}")
+  bb = pretrained.load_backbone(f"ckpt:{workdir}")
   assert bb.source == f"ckpt:{workdir}/checkpoints/{2 * N}"
   # read from the run's gs:// config.json
   assert bb.vocab == resolve_vocab(straight["config"].data.vocab)
@@ -104,10 +104,6 @@ def test_finetune_from_the_gcs_checkpoint(env, straight):
   for x, y in zip(got, want):
     np.testing.assert_array_equal(x, np.asarray(y))
 
-  sys_path = str(ROOT)
-  import sys  # pylint: disable=g-import-not-at-top
-  if sys_path not in sys.path:
-    sys.path.insert(0, sys_path)
   from configs import finetune as finetune_config  # pylint: disable=g-import-not-at-top
   c = finetune_config.get_config(f"task=glue/sst2,init=ckpt:{workdir}")
   c.update(dict(max_length=32, length_bucket=0, epochs=1, batch_size=4, eval_batch_size=8,

@@ -10,12 +10,14 @@ import pytest
 from flax import nnx
 
 import numpy_reference
-from encoder_jax.model import BertForPreTraining, Encoder, ModelConfig, Seq2Seq
+from encoder_jax.model import BertForPreTraining, Encoder, ModelConfig
 from encoder_jax.model.attention import KeyMask, MultiHeadAttention, describe_attention
 from encoder_jax.model.config import MODERNBERT_BLOCK, bert_block_departures
 from encoder_jax.model.encoder import packed_positions
 from encoder_jax.model.rotary import apply_rope, rope_angles
 from encoder_jax.objectives import pretraining
+from random_params import randomize
+from seq2seq_decoder import Seq2Seq
 
 BASE = dict(vocab_size=50, hidden_size=32, num_layers=4, num_heads=4, ffn_size=48,
             max_positions=32, hidden_dropout=0.0, attention_dropout=0.0, layer_norm_eps=1e-5,
@@ -36,18 +38,6 @@ SWITCHES = {
 }
 
 
-def _randomize(module, seed):
-  """Every parameter random, norm scales near 1: a swapped or missing one shows."""
-  state = nnx.state(module, nnx.Param)
-  rng = np.random.default_rng(seed)
-  def draw(path, x):
-    base = 1.0 if str(path[-1]) == "scale" else 0.0
-    return jnp.asarray(base + 0.2 * rng.standard_normal(x.shape), x.dtype)
-  nnx.replace_by_pure_dict(state, jax.tree_util.tree_map_with_path(
-      draw, nnx.to_pure_dict(state)))
-  nnx.update(module, state)
-
-
 def _batch():
   """Two rows, T = 14: row 0 two packed examples (6 + 5) and 3 pads, row 1 one of 12."""
   rng = np.random.default_rng(1)
@@ -66,7 +56,7 @@ def _run(enc, ids, mask, seg, pos):
 def test_switch_matches_the_numpy_reference(name):
   cfg = ModelConfig(**{**BASE, **SWITCHES[name]})
   enc = Encoder(cfg, rngs=nnx.Rngs(0))
-  _randomize(enc, 0)
+  randomize(enc, 0)
   ids, mask, seg, pos = _batch()
   ours = np.asarray(_run(enc, ids, mask, seg, pos))
   params = nnx.to_pure_dict(nnx.state(enc, nnx.Param))
@@ -159,7 +149,7 @@ def test_scanned_kinds_equal_unrolled_and_still_scan(remat, first_attn_norm):
   kw = {**BASE, **MODERNBERT_SMALL, "num_layers": 5, "first_attn_norm": first_attn_norm,
         "remat_policy": remat}
   unrolled = Encoder(ModelConfig(**kw), rngs=nnx.Rngs(0))
-  _randomize(unrolled, 3)
+  randomize(unrolled, 3)
   scanned = Encoder(ModelConfig(**{**kw, "scan_layers": True}), rngs=nnx.Rngs(0))
   state = nnx.state(scanned, nnx.Param)
   nnx.replace_by_pure_dict(state, _stacked(nnx.to_pure_dict(nnx.state(unrolled, nnx.Param)),
@@ -222,7 +212,7 @@ def test_decoder_composes_with_the_switches():
   decoder's self-attention, bias-free, GeGLU): causal, blind to padded memory, decodes."""
   cfg = ModelConfig(**{**BASE, **MODERNBERT_SMALL})
   model = Seq2Seq(cfg, cfg.replace(num_layers=2, global_every=2), rngs=nnx.Rngs(0))
-  _randomize(model, 1)
+  randomize(model, 1)
   src = jnp.array([[5, 6, 7, 8, 0, 0], [9, 10, 11, 12, 13, 14]])
   tgt = jnp.array([[1, 20, 21, 22, 23, 24, 25], [1, 30, 31, 32, 33, 34, 35]])
   logits = np.asarray(model(src, tgt, src != 0, jnp.ones_like(tgt, bool)))

@@ -10,7 +10,8 @@ import pytest
 from flax import nnx
 
 from encoder_jax.model import EncoderOutput, ModelConfig
-from encoder_jax.model.decoder import DecoderBlock, Seq2Seq, greedy_decode, make_causal_mask
+from seq2seq_decoder import DecoderBlock, Seq2Seq, greedy_decode, make_causal_mask
+from random_params import randomize
 
 try:
   import torch
@@ -18,23 +19,14 @@ except ImportError:  # the parity test needs the `test` extra; the others do not
   torch = None
 
 
-def _randomize(module, seed):
-  """Every parameter random, LayerNorm scales near 1: a swapped or missing one shows."""
-  state = nnx.state(module, nnx.Param)
-  rng = np.random.default_rng(seed)
-  def draw(path, x):
-    name = str(path[-1])
-    base = 1.0 if name == "scale" else 0.0
-    std = 0.1 if name in ("scale", "bias") or name.endswith("_bias") else 0.05
-    return jnp.asarray(base + std * rng.standard_normal(x.shape), x.dtype)
-  nnx.replace_by_pure_dict(state, jax.tree_util.tree_map_with_path(
-      draw, nnx.to_pure_dict(state)))
-  nnx.update(module, state)
+def _std(name: str) -> float:
+  """The random parameters' scale: norms and biases 0.1, weights 0.05."""
+  return 0.1 if name in ("scale", "bias") or name.endswith("_bias") else 0.05
 
 
 def _copy_into_torch(block: DecoderBlock, layer, d: int):
   t = lambda a: torch.tensor(np.asarray(a))
-  sa, ca = block.self_attn, block.cross_attn
+  sa, ca = block.attn, block.cross_attn
   with torch.no_grad():
     layer.self_attn.in_proj_weight.copy_(t(np.asarray(sa.qkv_kernel[...]).reshape(d, 3 * d).T))
     layer.self_attn.in_proj_bias.copy_(t(np.asarray(sa.qkv_bias[...]).reshape(3 * d)))
@@ -53,7 +45,7 @@ def _copy_into_torch(block: DecoderBlock, layer, d: int):
     layer.linear1.bias.copy_(t(block.ffn_in.bias[...]))
     layer.linear2.weight.copy_(t(np.asarray(block.ffn_out.kernel[...]).T))
     layer.linear2.bias.copy_(t(block.ffn_out.bias[...]))
-    for ln, ours in ((layer.norm1, block.ln_self), (layer.norm2, block.ln_cross),
+    for ln, ours in ((layer.norm1, block.ln_attn), (layer.norm2, block.ln_cross),
                      (layer.norm3, block.ln_ffn)):
       ln.weight.copy_(t(ours.scale[...]))
       ln.bias.copy_(t(ours.bias[...]))
@@ -72,7 +64,7 @@ def test_block_matches_torch_decoder_layer(norm_first):
     pytest.skip("torch is not installed")
   d, h = 64, 4
   block = DecoderBlock(_cfg(norm_first=norm_first), rngs=nnx.Rngs(0))
-  _randomize(block, 1)
+  randomize(block, 1, _std)
   layer = torch.nn.TransformerDecoderLayer(d, h, 4 * d, dropout=0.0, activation="gelu",
                                            layer_norm_eps=1e-5, batch_first=True,
                                            norm_first=norm_first).eval()
@@ -99,7 +91,7 @@ def test_padded_memory_contents_change_nothing_a_real_slot_does(path):
   # "explicit": train mode with attention dropout, the path that materialises probabilities.
   block = DecoderBlock(_cfg(norm_first=True, attention_dropout=0.3 if path == "explicit"
                             else 0.0), rngs=nnx.Rngs(0))
-  _randomize(block, 2)
+  randomize(block, 2, _std)
   if path == "explicit":
     block.train()
   rng = np.random.default_rng(1)
@@ -125,7 +117,7 @@ def test_padded_memory_contents_change_nothing_a_real_slot_does(path):
 
 def test_empty_memory_row_gives_zeros_not_an_average_of_padding():
   cross = DecoderBlock(_cfg(), rngs=nnx.Rngs(0)).cross_attn
-  _randomize(cross, 3)
+  randomize(cross, 3, _std)
   hidden = jnp.asarray(np.random.default_rng(2).standard_normal((2, 4, 64)), jnp.float32)
   mask = jnp.asarray([[True, True, False, False], [False] * 4])
   out = np.asarray(cross(jnp.ones((2, 3, 64)), EncoderOutput(hidden, mask)))

@@ -6,7 +6,6 @@ and the heads read its output.
   pooler: tanh(h_[CLS] W_p + b_p);  NSP: pooled W + b (2 classes)
   RTD head (ELECTRA's discriminator): gelu(h W_1 + b_1) w_2 + b_2, one logit per token
 """
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -14,6 +13,7 @@ from flax import nnx
 from scipy.special import erf
 
 from encoder_jax.model import BertForPreTraining, ModelConfig, RtdHead
+from random_params import randomize
 
 D, E, V, T, EPS = 32, 16, 40, 7, 1e-5
 
@@ -22,20 +22,6 @@ def _cfg(**kw):
   return ModelConfig(**{**dict(vocab_size=V, hidden_size=D, num_layers=2, num_heads=4,
                                ffn_size=64, max_positions=16, layer_norm_eps=EPS,
                                hidden_dropout=0.0, attention_dropout=0.0), **kw})
-
-
-def _randomize(module, seed):
-  """Every parameter random, LayerNorm scales near 1, biases non-zero."""
-  state = nnx.state(module, nnx.Param)
-  rng = np.random.default_rng(seed)
-
-  def draw(path, x):
-    base = 1.0 if str(path[-1]) == "scale" else 0.0
-    return jnp.asarray(base + 0.2 * rng.standard_normal(x.shape), x.dtype)
-
-  nnx.replace_by_pure_dict(state, jax.tree_util.tree_map_with_path(
-      draw, nnx.to_pure_dict(state)))
-  nnx.update(module, state)
 
 
 def _np(x):
@@ -59,7 +45,7 @@ def _dense(x, p):
 @pytest.mark.parametrize("embedding_size", [None, E], ids=["tied_same_width", "factorized"])
 def test_pretraining_model_heads_match_numpy_on_the_encoders_output(embedding_size):
   model = BertForPreTraining(_cfg(embedding_size=embedding_size), nsp=True, rngs=nnx.Rngs(0))
-  _randomize(model, 1)
+  randomize(model, 1)
   rng = np.random.default_rng(2)
   mask = np.arange(T)[None, :] < np.array([[T], [4]])
   ids = np.where(mask, rng.integers(1, V, (2, T)), 0).astype(np.int32)
@@ -105,7 +91,7 @@ def test_pretraining_model_heads_match_numpy_on_the_encoders_output(embedding_si
 
 def test_rtd_head_matches_numpy():
   head = RtdHead(_cfg(), rngs=nnx.Rngs(0))
-  _randomize(head, 3)
+  randomize(head, 3)
   h = np.random.default_rng(4).standard_normal((2, T, D)).astype(np.float32)
   got = head(jnp.asarray(h))
   want = _dense(_gelu(_dense(_np(h), head.dense)), head.out)[..., 0]

@@ -216,8 +216,8 @@ def test_attention_mask_shape_and_segments():
 
 
 def test_scan_equals_unrolled():
-  from encoder_jax.convert.hf_bert import hf_tensors_to_params, params_to_hf_tensors
-  from encoder_jax.convert.hf_bert import _assign, _pure_params
+  from encoder_jax.hf.bert import hf_tensors_to_params, params_to_hf_tensors
+  from encoder_jax.hf.bert import _assign, _pure_params
   cfg = tiny(num_layers=3)
   scanned = BertModel(cfg, rngs=nnx.Rngs(0))
   unrolled = BertModel(cfg.replace(scan_layers=False), rngs=nnx.Rngs(1))

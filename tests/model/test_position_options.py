@@ -127,6 +127,6 @@ def test_bad_position_options_name_the_choices():
 
 
 def test_hf_export_refuses_alibi():
-  from encoder_jax.convert.hf_bert import model_config_to_hf_config
+  from encoder_jax.hf.bert import model_config_to_hf_config
   with pytest.raises(ValueError, match="position_bias"):
     model_config_to_hf_config(cfg(norm_first=False), ["BertModel"])

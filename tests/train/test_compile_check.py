@@ -23,7 +23,7 @@ def test_batch_spec_is_what_the_loader_yields(env, fmt, task, masking):
   config = H.tiny_config(env)
   config.data.format, config.objective.sentence_task = fmt, task
   config.objective.masking = masking
-  batch = next(iter(setup.make_loader(config, "train")))
+  batch = next(iter(setup.make_loader(setup.DataSettings.of(config), "train")))
   spec = pipeline.batch_spec(setup.example_config(config), config.data.batch_size,
                              example_ids=masking == "static")
   assert {k: (v.shape, v.dtype) for k, v in batch.items()} == spec
@@ -41,7 +41,8 @@ def test_compiled_step_runs_on_the_trainers_inputs(env):
   # The executable takes exactly what the training loop feeds its step: a mismatch in any
   # batch key, shape, dtype or sharding, or in the state's structure, raises here.
   state = loop.initial_state(s.init_fn, shardings)
-  batch = sharding.shard_batch(next(iter(setup.make_loader(config, "train"))), mesh)
+  loader = setup.make_loader(setup.DataSettings.of(config), "train")
+  batch = sharding.shard_batch(next(iter(loader)), mesh)
   _, metrics = compiled(state, batch)
   assert np.isfinite(float(metrics["loss"])) and "nsp_accuracy" in metrics
 

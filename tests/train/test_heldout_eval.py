@@ -12,7 +12,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from encoder_jax.data import builders, sources, tokenizer
+from encoder_jax.data import sources, tokenizer, vocab as vocab_lib
 from encoder_jax.train import loop
 from encoder_jax.train import step as step_lib
 
@@ -84,7 +84,7 @@ def _config(env, source: str, **data):
 
 def test_own_text_evaluation_scores_the_held_out_file_only(env, own_text, tmp_path,
                                                            monkeypatch):
-  tok = tokenizer.load(builders.resolve_vocab("minilm"))
+  tok = tokenizer.load(vocab_lib.resolve_vocab("minilm"))
   docs = {f"chapter_{i:02d}.txt": sources.split_sentences((own_text / f"chapter_{i:02d}.txt")
                                                           .read_text()) for i in range(1, 7)}
   held = rule.expected_validation(list(docs))
@@ -97,7 +97,7 @@ def test_own_text_evaluation_scores_the_held_out_file_only(env, own_text, tmp_pa
 
 
 def test_demo_evaluation_scores_validation_documents_only(env, tmp_path, monkeypatch):
-  tok = tokenizer.load(builders.resolve_vocab("minilm"))
+  tok = tokenizer.load(vocab_lib.resolve_vocab("minilm"))
   docs = [d for d in sources.demo_documents(split=None) if d.sentences]
   held = rule.expected_validation([d.doc_id for d in docs])
   encoded = {d.doc_id: rule._doc_bytes(d.sentences, tok) for d in docs}

@@ -10,10 +10,10 @@ import pytest
 from flax import nnx
 
 from configs import pretrain as pretrain_config
-from encoder_jax.convert import load
+from encoder_jax import hf
 from encoder_jax.data import fetch
-from encoder_jax.pretrain import load_pretrained, pretrain
 from encoder_jax.train import init_from, loop, setup
+from encoder_jax.train.pretrained import Backbone
 
 import loop_helpers as H
 
@@ -46,12 +46,12 @@ def test_layers_are_taken_in_the_run_s_layout():
 
 
 def test_an_encoder_goes_where_each_objective_keeps_it():
-  pre = init_from.Pretrained("x", encoder={"e": 1}, pooler={"p": 2})
+  pre = Backbone(None, encoder={"e": 1}, pooler={"p": 2}, source="x")
   assert init_from.source_tree(pre, is_electra=False) == {"bert": {"encoder": {"e": 1},
                                                                    "pooler": {"p": 2}}}
   assert init_from.source_tree(pre, is_electra=True) == {"discriminator": {"e": 1},
                                                          "pooler": {"p": 2}}
-  full = init_from.Pretrained("x", full={"anything": 1})
+  full = Backbone(None, None, None, "x", params={"anything": 1})
   assert init_from.source_tree(full, is_electra=True) == {"anything": 1}
 
 
@@ -69,19 +69,31 @@ def test_a_run_starts_from_every_parameter_of_another_with_a_fresh_optimizer(env
   new = H.tiny_config(env, steps=2)
   new.init_from = str(workdir)
   s = setup.build(new)
-  state = loop.start_state(s, None, load_pretrained(str(workdir)))
+  state = loop.start_state(s)
   done, _, _ = H.restore(workdir, H.N, config)
   H.assert_bitwise_equal(state.params, done.params)  # encoder, MLM head: all of them
   assert int(state.step) == 0
   fresh = loop.start_state(setup.build(H.tiny_config(env)))
   H.assert_bitwise_equal(state.opt_state, fresh.opt_state)  # zero moments, count 0
   # a checkpoint step folder names the same parameters
-  step_dir = loop.start_state(s, None, load_pretrained(str(workdir / "checkpoints" / "6")))
+  new.init_from = str(workdir / "checkpoints" / "6")
+  step_dir = loop.start_state(setup.build(new))
   H.assert_bitwise_equal(step_dir.params, done.params)
-  # through the entry point, on rows of another length (the phase-2 move): it trains on
+
+
+def test_the_trainer_loads_init_from_itself(env, phase1, capsys):
+  """train_and_evaluate(config, workdir) with config.init_from set, called as any caller
+  would (no entry point loads it first), on rows of another length (the phase-2 move): the run
+  starts from every parameter of the source and trains on."""
+  _, workdir = phase1
+  new = H.tiny_config(env, steps=2)
+  new.init_from = str(workdir)
   new.data.max_length = 16
-  summary = pretrain(new, str(workdir.parent / "phase2"))
+  summary = loop.train_and_evaluate(new, str(workdir.parent / "phase2"))
   assert summary["steps"] == 2 and summary["resumed_from"] is None
+  said = capsys.readouterr().out
+  assert f"init_from ckpt:{workdir / 'checkpoints' / '6'}: " in said, said
+  assert " parameter arrays taken, 0 left fresh;" in said, said
 
 
 def test_mismatched_shape_vocab_or_model_is_refused_naming_both(env, phase1, tmp_path):
@@ -91,8 +103,8 @@ def test_mismatched_shape_vocab_or_model_is_refused_naming_both(env, phase1, tmp
   wider.init_from = str(workdir)
   # (32,) / (64,) with the CPU's unrolled layers; (1, 32) / (1, 64) with scanned ones
   with pytest.raises(ValueError, match=r"20 parameter\(s\) differ in shape.*out_bias: "
-                     r"\((1, )?32,?\) in \S*run, \((1, )?64,?\) in this run"):
-    loop.start_state(setup.build(wider), None, load_pretrained(str(workdir)))
+                     r"\((1, )?32,?\) in ckpt:\S*run/checkpoints/6, \((1, )?64,?\) in this run"):
+    loop.start_state(setup.build(wider))
   # the same size, but two tokens swapped: the embedding rows would mean other tokens
   lines = open(fetch.minilm_vocab()).read().split("\n")
   lines[1000], lines[1001] = lines[1001], lines[1000]
@@ -102,14 +114,11 @@ def test_mismatched_shape_vocab_or_model_is_refused_naming_both(env, phase1, tmp
   other.init_from = str(workdir)
   with pytest.raises(ValueError, match=f"vocab {fetch.minilm_vocab()}.*tokenizes with "
                                        f"{tmp_path / 'vocab.txt'}"):
-    loop.start_state(setup.build(other), None, load_pretrained(str(workdir)))
+    loop.start_state(setup.build(other))
   electra = H.tiny_config(env, steps=2)
   electra.objective.objective = "electra"
   electra.init_from = str(workdir)
   with pytest.raises(ValueError, match="none of its parameters"):
-    loop.start_state(setup.build(electra), None, load_pretrained(str(workdir)))
-  # init_from set but not loaded (train_and_evaluate called directly): say how
-  with pytest.raises(setup.ConfigError, match="encoder_jax.main"):
     loop.start_state(setup.build(electra))
 
 
@@ -136,7 +145,7 @@ def test_a_roberta_folder_continues_pre_training_with_its_lm_head(env, tmp_path)
   hf.save_pretrained(folder)
   (folder / "vocab.txt").write_text(open(fetch.minilm_vocab()).read())
   config.init_from = str(folder)
-  state = loop.start_state(setup.build(config), None, load_pretrained(str(folder)))
+  state = loop.start_state(setup.build(config))
   assert int(state.step) == 0
   p = nnx.to_pure_dict(state.params)
   emb, head = p["bert"]["encoder"]["embeddings"], p["mlm"]
@@ -156,7 +165,7 @@ def test_a_roberta_folder_continues_pre_training_with_its_lm_head(env, tmp_path)
                        (head["ln"]["scale"], t["lm_head.layer_norm.weight"]),
                        (head["bias"], t["lm_head.bias"])):
     np.testing.assert_array_equal(np.asarray(ours), theirs)
-  summary = pretrain(config, str(tmp_path / "run"))
+  summary = loop.train_and_evaluate(config, str(tmp_path / "run"))
   assert summary["steps"] == 2 and summary["resumed_from"] is None
 
 
@@ -179,8 +188,8 @@ def test_continued_pretraining_of_minilm_starts_far_below_a_random_init(env, tmp
   model ships without one), tied to the loaded token embedding; at a high learning rate (3e-3)
   the fresh head's first updates wreck the loaded encoder (measured: 15.3 nats vs 8.5 random
   after 5 steps), so continued pre-training wants a fine-tuning-sized rate."""
-  hf = load.hf_model_config(fetch.minilm_dir())
-  shape = {f.name: getattr(hf, f.name) for f in dataclasses.fields(hf)
+  minilm = hf.model_config(fetch.minilm_dir())
+  shape = {f.name: getattr(minilm, f.name) for f in dataclasses.fields(minilm)
            if f.name in ("hidden_size", "num_layers", "num_heads", "ffn_size", "max_positions",
                          "type_vocab_size", "activation", "layer_norm_eps")}
   losses = {}
@@ -191,7 +200,7 @@ def test_continued_pretraining_of_minilm_starts_far_below_a_random_init(env, tmp
     config.data.update(dict(source="demo:moby_dick", max_length=64, batch_size=4,
                             eval_split="validation"))
     config.init_from = init
-    summary = pretrain(config, str(tmp_path / (init or "random")))
+    summary = loop.train_and_evaluate(config, str(tmp_path / (init or "random")))
     losses[init or "random"] = summary["final_eval"]["mlm_loss"]
   print(f"\nheld-out MLM loss after {STEPS} steps: all-MiniLM-L6-v2 {losses['minilm']:.2f}, "
         f"random init {losses['random']:.2f} (min gap {MIN_GAP})")
@@ -207,7 +216,7 @@ MIN_GAP = 1.2  # nats (measured after 10 steps of 4 rows on Moby-Dick: 8.29 vs 1
 def test_state_params_are_an_nnx_state():
   """init_from.apply works on the trainer's nnx.State (replace_by_pure_dict keeps its type)."""
   state = nnx.State({"a": {"w": nnx.Param(jax.numpy.zeros(2))}})
-  pre = init_from.Pretrained("x", full={"a": {"w": np.ones(2)}})
+  pre = Backbone(None, None, None, "x", params={"a": {"w": np.ones(2)}})
   vocab = fetch.minilm_vocab()
   out = init_from.apply(state, pre, False, str(vocab), lambda s: None)
   assert isinstance(out, nnx.State) and (np.asarray(out["a"]["w"][...]) == 1).all()

@@ -221,7 +221,8 @@ def test_a_run_builds_its_tokenizer_once_and_the_loader_exposes_it(env, monkeypa
       lambda cls, path, lowercase=True: built.append(path) or real(cls, path, lowercase)))
   config = H.tiny_config(env)
   s = setup.build(config)
-  train, ev = setup.make_loader(config, "train"), setup.make_loader(config, "train")
+  data = setup.DataSettings.of(config)
+  train, ev = setup.make_loader(data, "train"), setup.make_loader(data, "train")
   assert len(built) == 1 and train.tokenizer is ev.tokenizer
   assert s.obj.vocab_size == train.tokenizer.vocab_size
   assert s.obj.mask_id == train.tokenizer.mask_id

@@ -60,7 +60,7 @@ def test_skipping_the_batches_of_a_spike_trains_on_and_restarts_keep_the_branch(
   instead of rolling back again."""
   config = tiny_config(env, steps=10, log_every=2, eval_every=4, eval_steps=1,
                        checkpoint_every=2, keep=1)
-  it = iter(setup.make_loader(config, "train"))
+  it = iter(setup.make_loader(setup.DataSettings.of(config), "train"))
   batches = [next(it)["input_ids"] for _ in range(16)]
   poison = batches[9]  # consumed by step 10
   assert sum(np.array_equal(b, poison) for b in batches) == 1

@@ -21,7 +21,7 @@ def test_a_tiny_roberta_recipe_trains(tmp_path):
   config.train.update(dict(steps=STEPS, log_every=1, eval_every=STEPS, eval_steps=1,
                            checkpoint_every=STEPS))
   # What it trains on: byte-level BPE rows, <s> ... </s>, packed, no token types.
-  loader = setup.make_loader(config, "train")
+  loader = setup.make_loader(setup.DataSettings.of(config), "train")
   tok = loader.tokenizer
   assert (tok.kind, tok.layout, tok.vocab_size) == ("bpe", "roberta", 512)
   batch = next(iter(loader))

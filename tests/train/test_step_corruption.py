@@ -282,10 +282,10 @@ def test_electra_samples_are_fresh_at_every_step():
 def real_rows(vocab: str, n_rows: int = 256, T_rows: int = 64):
   """(tokenizer, batch) of full_sentences rows of Moby-Dick built by the data path itself
   (sentences -> ids and word starts -> plan -> rows in the tokenizer's layout)."""
-  from encoder_jax.data import builders, examples, sources, tokenizer
-  tok = tokenizer.load(builders.resolve_vocab(vocab))
+  from encoder_jax.data import examples, sources, tokenizer, vocab as vocab_lib
+  tok = tokenizer.load(vocab_lib.resolve_vocab(vocab))
   docs = sources.demo_documents(split=None, parts=("moby_dick",))[:60]
-  corpus = examples.Corpus.from_records(r for _, r in builders.tokenize_documents(docs, tok))
+  corpus = examples.Corpus.from_records(r for _, r in tokenizer.tokenize_documents(docs, tok))
   cfg = examples.ExampleConfig(format="full_sentences", max_length=T_rows)
   rows = examples.Rows(corpus, examples.make_plan(corpus, cfg, tok.layout), cfg, tok.cls_id,
                        tok.sep_id, tok.pad_id, tok.layout)

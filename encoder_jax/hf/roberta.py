@@ -16,7 +16,7 @@ differs from BERT in three places, all handled here:
   * the LM head (RobertaLMHead): dense + exact GELU + LayerNorm + decoder tied to the token
     embedding, with a bias: our MlmHead when model.activation is "gelu" (HF applies exact GELU
     there whatever hidden_act says).
-The encoder layers are BERT's (same tensor names): hf_bert's per-layer maps.
+The encoder layers are BERT's (same tensor names): bert.py's per-layer maps.
 
 Import: `load_hf_roberta(dir)`: RobertaForMaskedLM -> our BertForPreTraining(nsp=False);
 RobertaModel -> our BertModel (with its pooler when the folder has one).
@@ -34,15 +34,13 @@ import pathlib
 from typing import Any
 
 import numpy as np
-from absl import logging
 from flax import nnx
 
-from encoder_jax.convert.families import Family, Gap, Weights, Written, encoder_gaps, mlm_head_gaps
-from encoder_jax.convert.hf_bert import (_assign, _dense_from_hf, _dense_to_hf,
-                                         _encoder_from_hf, _encoder_to_hf, _ln_from_hf,
-                                         _ln_to_hf, _pure_params, hf_config,
-                                         hf_config_to_model_config, read_hf_folder,
-                                         write_hf_folder)
+from encoder_jax.hf.bert import (_assign, _dense_from_hf, _dense_to_hf, _encoder_from_hf,
+                                 _encoder_to_hf, _mlm_head_from_hf, _mlm_head_to_hf,
+                                 _pure_params, _taking, hf_config, hf_config_to_model_config,
+                                 read_hf_folder, write_hf_folder)
+from encoder_jax.hf.families import Family, Gap, Weights, Written, encoder_gaps, mlm_head_gaps
 from encoder_jax.model.bert import BertForPreTraining, BertModel
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.objectives.pretraining import ObjectiveConfig
@@ -85,7 +83,7 @@ def hf_roberta_gaps(cfg: ModelConfig, *, lm_head: bool) -> list[Gap]:
 def run_gaps(cfg: ModelConfig, obj: ObjectiveConfig) -> list[Gap]:
   """FAMILY.gaps: a RoBERTa-shaped run: MLM alone, one token type (or none), no projection.
   Two token types HF RoBERTa could hold, but a run with them is BERT-shaped, and BERT (next
-  in load.FAMILIES) exports it."""
+  in hf.FAMILIES) exports it."""
   gaps = hf_roberta_gaps(cfg, lm_head=True)
   if cfg.type_vocab_size > 1:
     gaps.append(Gap(f"model.type_vocab_size={cfg.type_vocab_size}", "RoBERTa has one token "
@@ -118,20 +116,15 @@ def hf_roberta_tensors_to_params(t: dict[str, np.ndarray], cfg: ModelConfig
   offset = position_offset(cfg.pad_token_id)
   if _POS in t:
     t[_POS] = t[_POS][offset:]
-  try:
+  with _taking(t, "RoBERTa", f"this config (layers={cfg.num_layers}, hidden_size="
+               f"{cfg.hidden_size})"):
     bert: dict[str, Any] = {"encoder": _encoder_from_hf(t, cfg)}
     if "pooler.dense.weight" in t:
       bert["pooler"] = {"dense": _dense_from_hf(t, "pooler.dense")}
     heads = None
     if "lm_head.bias" in t:
-      heads = {"mlm": {"transform": _dense_from_hf(t, "lm_head.dense"),
-                       "ln": _ln_from_hf(t, "lm_head.layer_norm"),
-                       "bias": t.pop("lm_head.bias")}}
-  except KeyError as e:
-    raise ValueError(f"The HF RoBERTa checkpoint has no tensor {e.args[0]!r} needed for this "
-                     f"config (layers={cfg.num_layers}, hidden_size={cfg.hidden_size}).") from None
-  if t:
-    logging.warning("Unused tensors in the HF RoBERTa checkpoint: %s", sorted(t))
+      heads = {"mlm": _mlm_head_from_hf(t, "lm_head.dense", "lm_head.layer_norm",
+                                        "lm_head.bias")}
   return bert, heads
 
 
@@ -148,9 +141,7 @@ def params_to_hf_roberta_tensors(bert: dict[str, Any], cfg: ModelConfig, *,
   if mlm is None:
     return enc
   out = {f"roberta.{k}": v for k, v in enc.items()}
-  out.update(_dense_to_hf(mlm["transform"], "lm_head.dense"))
-  out.update(_ln_to_hf(mlm["ln"], "lm_head.layer_norm"))
-  out["lm_head.bias"] = mlm["bias"]
+  out.update(_mlm_head_to_hf(mlm, "lm_head.dense", "lm_head.layer_norm", "lm_head.bias"))
   return out
 
 

@@ -1,5 +1,10 @@
 """A Transformer decoder on the encoder's memory: seq2seq on top of `EncoderOutput`.
 
+It lives with its test (test_decoder.py, and test_block_switches.py's RoPE / window decoder):
+nothing in encoder_jax trains a decoder, so it is the proof that an encoder's output serves as
+a decoder's memory (all T vectors and the padding mask), built from the package's own layers
+(encoder_jax.model: attention, sublayers, embeddings, tied logits).
+
   model = Seq2Seq(enc_cfg, dec_cfg, rngs=nnx.Rngs(0))
   logits_BxTxV = model(src_ids_BxS, tgt_in_BxT)                       # teacher forcing
   out_BxL = greedy_decode(model, src_ids_BxS, bos_id=1, eos_id=2, max_len=12)
@@ -19,10 +24,10 @@ from flax import nnx
 
 from encoder_jax.model.attention import MultiHeadAttention, init_normal, param
 from encoder_jax.model.config import ModelConfig
-from encoder_jax.model.dropout import Dropout, fold_rng
-from encoder_jax.model.encoder import (Embeddings, Encoder, EncoderOutput, dense, layer_norm,
+from encoder_jax.model.dropout import fold_rng
+from encoder_jax.model.encoder import (Block, Embeddings, Encoder, EncoderOutput, layer_norm,
                                        residual, validate_inputs)
-from encoder_jax.model.sublayers import ffn, ffn_in
+from encoder_jax.model.sublayers import ffn
 from encoder_jax.model.heads import tied_logits
 
 
@@ -78,41 +83,34 @@ class CrossAttention(MultiHeadAttention):
     return self._project("btnh,nhd->btd", out_BxTxNxH, self.out_kernel, self.out_bias)
 
 
-class DecoderBlock(nnx.Module):
-  """One Transformer decoder layer.
+class DecoderBlock(Block):
+  """One Transformer decoder layer: the encoder's Block (its self-attention, made causal by the
+  mask it is given, and its FFN, with every switch of the config: norm, biases, GLU, RoPE and
+  a local window) with a cross-attention to the memory between the two.
 
   post-LN (`norm_first=False`): x = LN(x + Drop(SelfAttn(x)));  x = LN(x + Drop(Cross(x, mem)))
                                 x = LN(x + Drop(FFN(x)))
   pre-LN (`norm_first=True`):   x = x + Drop(SelfAttn(LN(x)));  x = x + Drop(Cross(LN(x), mem))
                                 x = x + Drop(FFN(LN(x)))
   Equal to torch.nn.TransformerDecoderLayer(norm_first=False|True, activation="gelu") in eval
-  mode (tests/model/test_decoder.py). The sublayers follow the config's switches as the
-  encoder's Block does (norm, biases, GLU FFN, RoPE and a causal local window in the
-  self-attention); `self_norm` False: no self-attention pre-norm (first_attn_norm).
+  mode (tests/model/test_decoder.py). `self_norm` False: no self-attention pre-norm
+  (first_attn_norm).
   """
 
   def __init__(self, cfg: ModelConfig, *, memory_size: int | None = None, rngs: nnx.Rngs,
                self_norm: bool = True):
-    d, f = cfg.hidden_size, cfg.ffn_size
-    self.self_attn = MultiHeadAttention(cfg, rngs=rngs)
-    self.ln_self = layer_norm(cfg, d, rngs=rngs) if self_norm else None
+    super().__init__(cfg, rngs=rngs, attn_norm=self_norm)
     self.cross_attn = CrossAttention(cfg, memory_size=memory_size, rngs=rngs)
-    self.ln_cross = layer_norm(cfg, d, rngs=rngs)
-    self.ffn_in = ffn_in(cfg, rngs=rngs)
-    self.ffn_out = dense(cfg, f, d, ("mlp", "embed"), rngs=rngs)
-    self.ln_ffn = layer_norm(cfg, d, rngs=rngs)
-    self.dropout = Dropout(cfg.hidden_dropout, deterministic=True)
-    self.norm_first = cfg.norm_first
-    self.act = cfg.activation
+    self.ln_cross = layer_norm(cfg, cfg.hidden_size, rngs=rngs)
 
   def __call__(self, x_BxTxD, self_mask_Bx1xTxT, memory: EncoderOutput, dropout_rng=None,
                positions_BxT=None, is_global: bool = True):
     drop = lambda i: lambda y: self.dropout(y, rngs=fold_rng(dropout_rng, i))
-    self_attn = lambda y: self.self_attn(y, self_mask_Bx1xTxT, dropout_rng=fold_rng(dropout_rng, 3),
-                                         positions_BxT=positions_BxT, is_global=is_global)
+    self_attn = lambda y: self.attn(y, self_mask_Bx1xTxT, dropout_rng=fold_rng(dropout_rng, 3),
+                                    positions_BxT=positions_BxT, is_global=is_global)
     cross = lambda y: self.cross_attn(y, memory, dropout_rng=fold_rng(dropout_rng, 4))
     ffn_ = lambda y: ffn(y, self.ffn_in, self.ffn_out, self.act)
-    x_BxTxD = residual(x_BxTxD, self_attn, self.ln_self, drop(0), self.norm_first)
+    x_BxTxD = residual(x_BxTxD, self_attn, self.ln_attn, drop(0), self.norm_first)
     x_BxTxD = residual(x_BxTxD, cross, self.ln_cross, drop(1), self.norm_first)
     return residual(x_BxTxD, ffn_, self.ln_ffn, drop(2), self.norm_first)
 

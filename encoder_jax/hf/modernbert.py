@@ -37,8 +37,9 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from encoder_jax.convert.families import Family, Gap, Weights, Written
-from encoder_jax.convert.hf_bert import _assign, _pure_params, read_hf_folder, write_hf_folder
+from encoder_jax.hf.families import Family, Gap, Weights, Written
+from encoder_jax.hf.bert import (_assign, _pure_params, _taking, read_hf_folder,
+                                 write_hf_folder)
 from encoder_jax.model.bert import BertForPreTraining, BertModel
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.model.electra import ElectraModel
@@ -277,7 +278,7 @@ def hf_tensors_to_params(t: dict[str, np.ndarray], cfg: ModelConfig, *, mlm: boo
   task head has no counterpart here)."""
   t = {k.removeprefix("model."): v for k, v in t.items()}
   tied = t.pop("decoder.weight", None)
-  try:
+  with _taking(t, "ModernBERT", f"this model (mlm={mlm}, layers={cfg.num_layers})"):
     params: dict[str, Any] = {"encoder": _encoder_from_hf(t, cfg)}
     if mlm:
       head = {"transform": _linear_from_hf(t, "head.dense", (cfg.hidden_size,)),
@@ -285,16 +286,11 @@ def hf_tensors_to_params(t: dict[str, np.ndarray], cfg: ModelConfig, *, mlm: boo
               # decoder_bias=False: a zero bias computes the same logits.
               "bias": t.pop("decoder.bias", np.zeros(cfg.vocab_size, np.float32))}
       params = {"bert": params, "mlm": head}
-  except KeyError as e:
-    raise ValueError(f"The HF ModernBERT checkpoint has no tensor {e.args[0]!r} needed for "
-                     f"this model (mlm={mlm}, layers={cfg.num_layers}).") from None
   token = (params["bert"] if mlm else params)["encoder"]["embeddings"]["token"]["embedding"]
   if mlm and tied is not None and not np.array_equal(tied, token):
     raise ValueError("The HF checkpoint's decoder.weight differs from its token embedding; "
                      "encoder_jax ties the MLM decoder to the embedding, so only tied "
                      "checkpoints (tie_word_embeddings=True) convert.")
-  if t:
-    logging.warning("Unused tensors in the HF ModernBERT checkpoint: %s", sorted(t))
   return params
 
 

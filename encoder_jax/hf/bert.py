@@ -7,8 +7,8 @@ Export: `export_hf_bert(model, dir)` writes a checkpoint that `transformers.Bert
 `BertForPreTraining` (`BertForMaskedLM` for a model without NSP) `.from_pretrained(dir)` loads;
 import(export(params)) is bit-exact (pure transposes and reshapes).
 
-FAMILY (encoder_jax.convert.families): BERT in the registry of encoder_jax.convert.load;
-hf_roberta and hf_electra reuse the per-layer maps and the folder writer here.
+FAMILY (encoder_jax.hf.families): BERT in the registry of encoder_jax.hf;
+roberta.py and electra.py reuse the per-layer maps and the folder writer here.
 
 Layout differences handled here: torch Linear weights are [out, in] (ours [in, out]); BERT's
 separate query/key/value become our fused [D, 3, N, H] kernel; scanned stacks hold every
@@ -16,6 +16,7 @@ layer's parameter in one [L, ...] array.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -29,7 +30,7 @@ from absl import logging
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
-from encoder_jax.convert.families import Family, Gap, Weights, Written, encoder_gaps
+from encoder_jax.hf.families import Family, Gap, Weights, Written, encoder_gaps
 from encoder_jax.model.bert import BertForPreTraining, BertModel
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.objectives.pretraining import ObjectiveConfig
@@ -167,6 +168,30 @@ def _ln_to_hf(p, name):
   return {f"{name}.weight": p["scale"], f"{name}.bias": p["bias"]}
 
 
+@contextlib.contextmanager
+def _taking(t: dict[str, np.ndarray], family: str, needed_by: str):
+  """Tensors popped from `t` inside the block: a missing one is a ValueError naming it and
+  what needed it; those left over afterwards are logged (a fine-tuned task head, ...)."""
+  try:
+    yield
+  except KeyError as e:
+    raise ValueError(f"The HF {family} checkpoint has no tensor {e.args[0]!r} needed for "
+                     f"{needed_by}.") from None
+  if t:
+    logging.warning("Unused tensors in the HF %s checkpoint: %s", family, sorted(t))
+
+
+def _mlm_head_from_hf(t, dense: str, ln: str, bias: str) -> dict[str, Any]:
+  """Our MlmHead's parameters (its decoder is tied to the token embedding) from the tensors
+  of a BERT-style MLM head: a dense transform, its LayerNorm and the output bias. The names
+  differ per family (BERT's cls.predictions.*, RoBERTa's lm_head.*, ELECTRA's generator_*)."""
+  return {"transform": _dense_from_hf(t, dense), "ln": _ln_from_hf(t, ln), "bias": t.pop(bias)}
+
+
+def _mlm_head_to_hf(mlm: dict[str, Any], dense: str, ln: str, bias: str) -> dict[str, Any]:
+  return {**_dense_to_hf(mlm["transform"], dense), **_ln_to_hf(mlm["ln"], ln), bias: mlm["bias"]}
+
+
 # ----------------------------------------------------------------------------- whole models
 def _encoder_from_hf(t: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, Any]:
   e = "embeddings."
@@ -211,7 +236,9 @@ def hf_tensors_to_params(t: dict[str, np.ndarray], cfg: ModelConfig, *, pretrain
   Raises if a tensor our model needs is missing; returns the leftovers untouched in `t`.
   """
   t = {k.removeprefix("bert."): v for k, v in t.items() if not k.endswith(_IGNORED_KEYS)}
-  try:
+  with _taking(t, "BERT", f"this model (pretraining={pretraining}, nsp={nsp}, pooler={pooler})"
+               ". A bare BertModel checkpoint has no MLM/NSP heads: load it with "
+               "pretraining=False"):
     bert: dict[str, Any] = {"encoder": _encoder_from_hf(t, cfg)}
     if (nsp if pretraining else pooler):
       bert["pooler"] = {"dense": _dense_from_hf(t, "pooler.dense")}
@@ -219,19 +246,10 @@ def hf_tensors_to_params(t: dict[str, np.ndarray], cfg: ModelConfig, *, pretrain
       params = bert
     else:
       c = "cls.predictions."
-      params = {"bert": bert,
-                "mlm": {"transform": _dense_from_hf(t, f"{c}transform.dense"),
-                        "ln": _ln_from_hf(t, f"{c}transform.LayerNorm"),
-                        "bias": t.pop(f"{c}bias")}}
+      params = {"bert": bert, "mlm": _mlm_head_from_hf(t, f"{c}transform.dense",
+                                                      f"{c}transform.LayerNorm", f"{c}bias")}
       if nsp:
         params["nsp"] = {"out": _dense_from_hf(t, "cls.seq_relationship")}
-  except KeyError as e:
-    raise ValueError(f"The HF checkpoint has no tensor {e.args[0]!r} needed for this model "
-                     f"(pretraining={pretraining}, nsp={nsp}, pooler={pooler}). A bare "
-                     "BertModel checkpoint has no MLM/NSP heads: load it with "
-                     "pretraining=False.") from None
-  if t:
-    logging.warning("Unused tensors in the HF checkpoint: %s", sorted(t))
   return params
 
 
@@ -245,9 +263,8 @@ def params_to_hf_tensors(params: dict[str, Any], cfg: ModelConfig, *,
                 _dense_to_hf(bert["pooler"]["dense"], "pooler.dense").items()})
   if pretraining:
     c = "cls.predictions."
-    out.update(_dense_to_hf(params["mlm"]["transform"], f"{c}transform.dense"))
-    out.update(_ln_to_hf(params["mlm"]["ln"], f"{c}transform.LayerNorm"))
-    out[f"{c}bias"] = params["mlm"]["bias"]
+    out.update(_mlm_head_to_hf(params["mlm"], f"{c}transform.dense", f"{c}transform.LayerNorm",
+                               f"{c}bias"))
     if params.get("nsp"):
       out.update(_dense_to_hf(params["nsp"]["out"], "cls.seq_relationship"))
   return {k: np.ascontiguousarray(v) for k, v in out.items()}
@@ -279,11 +296,11 @@ def load_hf_bert(path: str | os.PathLike, *, pretraining: bool = False, nsp: boo
   """
   hf_cfg, tensors = read_hf_folder(path)
   if (model_type := hf_cfg.get("model_type", "bert")) != "bert":
-    loader = {"electra": "load_hf_electra", "roberta": "load_hf_roberta"}.get(model_type)
+    loader = {"electra": "electra.load_hf_electra",
+              "roberta": "roberta.load_hf_roberta"}.get(model_type)
     raise ValueError(f"{path} is not a BERT checkpoint (model_type={model_type!r}); load it "
-                     f"with {f'encoder_jax.convert.{loader} or ' if loader else ''}"
-                     "encoder_jax.convert.load.load_backbone('hf:<dir>'), which picks the "
-                     "family's converter.")
+                     f"with {f'encoder_jax.hf.{loader} or ' if loader else ''}"
+                     "encoder_jax.hf.read(<dir>), which picks the family's converter.")
   cfg = hf_config_to_model_config(hf_cfg, **config_overrides)
   params = hf_tensors_to_params(tensors, cfg, pretraining=pretraining, nsp=nsp, pooler=pooler)
   # Build the module abstractly (no random init of ~100M numbers we would overwrite at once),

@@ -13,7 +13,7 @@ generator as ElectraForMaskedLM, and our ElectraModel as both: the discriminator
 generator in `dir/generator`. import(export(params)) is bit-exact (transposes and reshapes).
 A generator is BERT's MLM model with ELECTRA's embedding projection, so an MLM run with an
 embedding_size != hidden_size (which HF BERT cannot hold) exports as ElectraForMaskedLM too
-(FAMILY, encoder_jax.convert.load.FAMILIES).
+(FAMILY, encoder_jax.hf.FAMILIES).
 
 Tied embeddings: our ElectraModel keeps ONE embeddings module (token, position and type tables
 and their LayerNorm) for generator and discriminator, as ELECTRA pre-training does; HF keeps a
@@ -21,7 +21,7 @@ copy in each model. Export writes the same tables into both folders; importing a
 that the two copies agree, and where they do not, keeps the discriminator's and logs how far
 apart they were.
 
-The encoder layers are BERT's (same tensor names), so the per-layer maps are hf_bert's; ELECTRA
+The encoder layers are BERT's (same tensor names), so the per-layer maps are bert.py's; ELECTRA
 adds `embeddings_project` when embedding_size != hidden_size (ELECTRA-small: 128 -> 256).
 """
 from __future__ import annotations
@@ -35,13 +35,11 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from encoder_jax.convert.families import (Family, Gap, Weights, Written, encoder_gaps,
-                                          mlm_head_gaps)
-from encoder_jax.convert.hf_bert import (_assign, _dense_from_hf, _dense_to_hf,
-                                         _encoder_from_hf, _encoder_to_hf, _ln_from_hf,
-                                         _ln_to_hf, _pure_params, hf_config,
-                                         hf_config_to_model_config, read_hf_folder,
-                                         write_hf_folder)
+from encoder_jax.hf.bert import (_assign, _dense_from_hf, _dense_to_hf, _encoder_from_hf,
+                                 _encoder_to_hf, _mlm_head_from_hf, _mlm_head_to_hf,
+                                 _pure_params, _taking, hf_config, hf_config_to_model_config,
+                                 read_hf_folder, write_hf_folder)
+from encoder_jax.hf.families import Family, Gap, Weights, Written, encoder_gaps, mlm_head_gaps
 from encoder_jax.model.bert import BertForPreTraining
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.model.electra import ElectraDiscriminator, ElectraGenerator, ElectraModel
@@ -56,7 +54,7 @@ _RTD, _GEN = "discriminator_predictions.", "generator_predictions."
 def hf_electra_gaps(cfg: ModelConfig, *, generator: bool = False) -> list[Gap]:
   """What in `cfg` (a generator's when `generator`) HF ELECTRA cannot represent; empty: the
   export computes what we compute. (No token types, type_vocab_size=0, exports as one type of
-  zeros: hf_bert._encoder_to_hf.)"""
+  zeros: bert._encoder_to_hf.)"""
   gaps = encoder_gaps(cfg)
   # HF's ElectraGeneratorPredictions applies exact GELU whatever hidden_act says; our MLM head
   # applies cfg.activation, so only "gelu" gives the same numbers on both sides.
@@ -107,21 +105,16 @@ def hf_electra_tensors_to_params(t: dict[str, np.ndarray], cfg: ModelConfig
   t = {k.removeprefix("electra."): v for k, v in t.items() if not k.endswith(_IGNORED_KEYS)}
   kind = ("rtd" if any(k.startswith(_RTD) for k in t)
           else "mlm" if any(k.startswith(_GEN) for k in t) else "none")
-  try:
+  with _taking(t, "ELECTRA", f"a {kind!r}-headed model of this config (layers="
+               f"{cfg.num_layers}, embedding_size={cfg.embed_size}, hidden_size="
+               f"{cfg.hidden_size})"):
     params: dict[str, Any] = {"encoder": _encoder_from_hf(t, cfg)}
     if kind == "rtd":
       params["rtd"] = {"dense": _dense_from_hf(t, f"{_RTD}dense"),
                        "out": _dense_from_hf(t, f"{_RTD}dense_prediction")}
     elif kind == "mlm":
-      params["mlm"] = {"transform": _dense_from_hf(t, f"{_GEN}dense"),
-                       "ln": _ln_from_hf(t, f"{_GEN}LayerNorm"),
-                       "bias": t.pop("generator_lm_head.bias")}
-  except KeyError as e:
-    raise ValueError(f"The HF ELECTRA checkpoint has no tensor {e.args[0]!r} needed for a "
-                     f"{kind!r}-headed model of this config (layers={cfg.num_layers}, "
-                     f"embedding_size={cfg.embed_size}, hidden_size={cfg.hidden_size}).") from None
-  if t:
-    logging.warning("Unused tensors in the HF ELECTRA checkpoint: %s", sorted(t))
+      params["mlm"] = _mlm_head_from_hf(t, f"{_GEN}dense", f"{_GEN}LayerNorm",
+                                        "generator_lm_head.bias")
   return kind, params
 
 
@@ -135,9 +128,8 @@ def params_to_hf_electra_tensors(encoder: dict[str, Any], cfg: ModelConfig, *,
     out.update(_dense_to_hf(rtd["dense"], f"{_RTD}dense"))
     out.update(_dense_to_hf(rtd["out"], f"{_RTD}dense_prediction"))
   if mlm is not None:
-    out.update(_dense_to_hf(mlm["transform"], f"{_GEN}dense"))
-    out.update(_ln_to_hf(mlm["ln"], f"{_GEN}LayerNorm"))
-    out["generator_lm_head.bias"] = mlm["bias"]
+    out.update(_mlm_head_to_hf(mlm, f"{_GEN}dense", f"{_GEN}LayerNorm",
+                               "generator_lm_head.bias"))
   return out
 
 

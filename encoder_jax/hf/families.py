@@ -1,7 +1,7 @@
 """What a converter of one HF transformers family (BERT, RoBERTa, ELECTRA, ...) provides.
 
-Each family is one module (hf_bert.py, hf_roberta.py, hf_electra.py) that defines
-`FAMILY = Family(...)`; encoder_jax.convert.load.FAMILIES lists them in the order export tries
+Each family is one module (bert.py, roberta.py, electra.py, modernbert.py) that defines
+`FAMILY = Family(...)`; encoder_jax.hf.FAMILIES lists them in the order export tries
 them. A family maps the parameter tree both ways and says, for a pre-training run, whether it
 can represent it, and if not, why (a list of `Gap`s, empty when HF computes what we compute):
 
@@ -16,7 +16,7 @@ can represent it, and if not, why (a list of `Gap`s, empty when HF computes what
                written, each with the transformers class that loads it and our model's
                output its `.logits` must equal
 
-A new family (ModernBERT, ...) is a new module with its FAMILY, added to load.FAMILIES; export,
+A new family (ModernBERT, ...) is a new module with its FAMILY, added to hf.FAMILIES; export,
 fine-tuning (hf:<dir>) and init_from pick it up from there.
 """
 from __future__ import annotations
@@ -79,7 +79,7 @@ def encoder_gaps(cfg: ModelConfig) -> list[Gap]:
   """What the BERT-block families (BERT, RoBERTa, ELECTRA) have no place for: they are post-LN
   encoders with learned absolute positions and BERT's block (LayerNorm with bias, biased
   linears, a plain FFN, no rotary embeddings or windows; model.config.bert_block_departures).
-  ModernBERT's family has its own list (hf_modernbert.gaps)."""
+  ModernBERT's family has its own list (modernbert.gaps)."""
   gaps = [Gap(f"model.{name}={getattr(cfg, name)!r}",
               f"HF's BERT block has no place for {why.split(' (')[0]}", ((name, bert),))
           for name, bert, why in bert_block_departures(cfg)]
