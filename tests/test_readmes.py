@@ -266,7 +266,7 @@ def sandbox(tmp_path_factory):
 
 def rewrite(command: str, sandbox: pathlib.Path) -> str:
   """README paths -> the sandbox's (module docstring)."""
-  out = re.sub(r"(?<![\w/.$-])runs/", f"{sandbox}/runs/", command)
+  out = re.sub(r"(?<![\w/.$-])runs(?=/|\s|$)", f"{sandbox}/runs", command)
   out = re.sub(r"(?<![\w/.$-])my_text/", f"{sandbox}/my_text/", out)
   return out.replace("gs://my-bucket", f"{sandbox}/bucket")
 

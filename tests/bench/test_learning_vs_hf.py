@@ -25,7 +25,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 def test_dry_run_both_systems_see_the_same_inputs(tmp_path):
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as a user
-  out = subprocess.run([sys.executable, str(ROOT / "bench" / "learning_vs_hf.py"), "--dry_run",
+  out = subprocess.run([sys.executable, "-m", "bench.learning_vs_hf", "--dry_run",
                         f"--out_dir={tmp_path}"], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=300)
   print(out.stdout[-3000:])

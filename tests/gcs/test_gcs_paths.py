@@ -33,7 +33,7 @@ def test_glob_and_corpus_files_on_a_bucket(root):
   assert common == str(root) and len(files) == 3
   docs = sources.local_documents([f"{root}/*.txt", f"{root}/sub/*.txt"])
   assert [d.doc_id for d in docs] == ["a.txt", "b.txt", "sub/c.txt"]  # ids relative to root
-  with pytest.raises(FileNotFoundError, match="files:<glob>"):
+  with pytest.raises(FileNotFoundError, match="check the glob of the source"):
     sources.resolve_files([f"{root}/missing.txt"])
 
 

@@ -23,7 +23,7 @@ def test_a_tiny_modernbert_recipe_trains_and_logs_its_padding(tmp_path):
   config.train.update(dict(steps=STEPS, log_every=1, eval_every=STEPS, eval_steps=1,
                            checkpoint_every=STEPS))
   # What it trains on: packed rows, a segment per document (or row-sized chunk of one).
-  loader = setup.make_loader(config, "train")
+  loader = setup.make_loader(setup.DataSettings.of(config), "train")
   rows = loader.rows
   k = np.array([rows[i]["segment_ids"].max() for i in range(len(rows))])
   assert k.min() >= 1 and k.max() >= 2  # rows that hold the end of a chapter and the next
