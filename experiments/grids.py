@@ -1,5 +1,5 @@
 """The ablation grids: ELECTRA vs MLM, ELECTRA's generator size, NSP and input formats, post-
-vs pre-LN, static vs dynamic masking.
+vs pre-LN, static vs dynamic masking, BERT's block vs ModernBERT's.
 
 Each grid exists at three scales:
   demo  what this repo's CPU reproductions ran (experiments/results/<grid>/; results of an older
@@ -483,6 +483,95 @@ def static_vs_dynamic(scale: str = "demo", data_source: str = "") -> Grid:
       anchor=MASKING_ANCHOR, curve_keys=("mlm_loss",))
 
 
+# ------------------------------------------------------------------ (f) old vs new block
+
+BLOCK_ANCHOR = (
+    "Shazeer 2020 (arXiv 2002.05202) Table 1, T5-base at equal parameters and FLOPs (d_ff "
+    "3072 for one-matrix FFNs, 2048 for gated ones): held-out log-perplexity 1.983 (GELU) vs "
+    "1.942 (GEGLU) after 65,536 steps, 1.679 vs 1.633 after 524,288. RoFormer (arXiv "
+    "2104.09864) Figure 3 (left): BERT's MLM loss falls faster with rotary position "
+    "embeddings than with its learned position table. ModernBERT (arXiv 2412.13663) Section "
+    "2.1.1 adopts both with bias-free linears and norms; the paper ablates none of them alone.")
+
+# Both arms of (f) set every block switch explicitly (not inherited from configs/pretrain.py
+# `runlocal`, whose block may move): the old arm is BERT's block (a learned position table,
+# GELU FFN, LayerNorm and linears with biases, two token types), the new one ModernBERT's
+# (model.config.MODERNBERT_BLOCK: RoPE, GeGLU, no biases, the embedding norm in place of layer
+# 0's attention pre-norm, no token types) without its sliding windows (rows of 64-128 tokens fit
+# one 128-token window anyway). Both pre-LN, as every demo point, and with the same width, depth,
+# heads, objective and tokens. The old arm's position table starts sinusoidal (the demo recipe's
+# choice for a learned table: 18.7% vs 18.3% held-out with BERT's normal init at 2M tokens,
+# experiments/results/demo.md). RoPE's theta is 10,000 for both layer kinds (RoFormer's; the
+# rows are far shorter than ModernBERT's 8,192 positions that its global 160,000 is for).
+BLOCKS: dict[str, dict] = {
+    "bert": {"model.position_bias": "none", "model.learned_positions": True,
+             "model.position_init": "sinusoidal", "model.rope": False, "model.glu": False,
+             "model.activation": "gelu", "model.norm": "layernorm", "model.norm_bias": True,
+             "model.linear_bias": True, "model.first_attn_norm": True,
+             "model.embedding_norm": True, "model.layer_norm_eps": 1e-12,
+             "model.type_vocab_size": 2, "model.local_window": 0, "model.global_every": 1},
+    "modern": {"model.position_bias": "none", "model.learned_positions": False,
+               "model.position_init": "sinusoidal", "model.rope": True,
+               "model.rope_theta": 10_000.0, "model.rope_theta_local": 10_000.0,
+               "model.glu": True, "model.activation": "gelu", "model.norm": "layernorm",
+               "model.norm_bias": False, "model.linear_bias": False,
+               "model.first_attn_norm": False, "model.embedding_norm": True,
+               "model.layer_norm_eps": 1e-5, "model.type_vocab_size": 0,
+               "model.local_window": 0, "model.global_every": 1},
+}
+
+
+def glu_ffn_size(ffn_size: int) -> int:
+  """The gated FFN width with the FLOPs of a one-matrix FFN of `ffn_size`: a gated FFN has three
+  d x F matrices to the plain one's two, so F = 2/3 ffn_size (Shazeer 2020's 3072 -> 2048),
+  rounded to a multiple of 8 (512 -> 344: 0.3% more FLOPs a step for the whole demo model)."""
+  return 8 * round(2 * ffn_size / 3 / 8)
+
+
+def old_vs_new_block(scale: str = "demo", data_source: str = "") -> Grid:
+  """BERT's block vs ModernBERT's (BLOCKS) at equal FLOPs, matched by the FFN's width: the
+  gated FFN gets 2/3 of the plain one's (glu_ffn_size), as Shazeer 2020 matched them, so both
+  arms take the same steps of the same rows (equal tokens) at the same FLOPs to within 0.5%
+  (the counter's, encoder_jax.train.flops: 3 d F for a gated FFN). MLM, no NSP."""
+  if scale == "demo":
+    # The main job's rows (16 x 64) and fine-tuning (both demo tasks, 3 seeds; lr 2e-3, 4,000
+    # sentiment snippets), 2,000 steps a point (2.0M tokens, 7.9e12 FLOPs, each on its own
+    # schedule: the budget at which the demo recipe's position choices were measured,
+    # experiments/results/demo.md). Sized to the shared 2-core CPU: ~5 min a point at the 7.4k
+    # tokens/s of a quiet core pair in fp32, but ~0.8k tokens/s while five jobs share the cores
+    # (2026-12-07): ~45 min a point. Two pre-training seeds per arm.
+    base = {"train.log_every": 100, "train.eval_steps": 64, "train.keep": 1,
+            "train.steps": 2000, "train.eval_every": 2000, "train.checkpoint_every": 2000}
+    size, finetune, nseeds = "tiny", _demo_finetune(lr=None), 2
+  elif scale == "gpu":
+    # The gpu recipe (12 x 256, embeddings 128, 8 heads of 32), 400 steps (6.6M tokens) a
+    # point, two pre-training seeds.
+    base = _gpu_points(400)
+    size, finetune, nseeds = _GPU_SIZE, _demo_finetune(), 2
+  elif scale == "base":
+    # BERT-base's width and depth, pre-LN, at RoBERTa's ablation setting (seq 512, batch 256,
+    # 1M steps, lr 1e-4, 10k warm-up), one seed; GLUE + SQuAD.
+    base = _roberta_base(data_source)
+    size, finetune, nseeds = "base", _base_finetune(), 1
+  else:
+    raise _scale_error(scale)
+  plain_ffn = resolve_config(f"size={size},norm=pre", {}).model.ffn_size
+
+  def point(v):
+    over = {**base, **BLOCKS[v["block"]]}
+    if v["block"] == "modern":
+      over["model.ffn_size"] = glu_ffn_size(plain_ffn)
+    arg = f"size={size},objective=mlm,norm=pre"
+    if scale != "base":
+      arg, over["seed"] = arg + ",runlocal", v["seed"]
+    return PointSpec(arg, over, finetune)
+
+  return Grid("old_vs_new_block", "BERT's block vs ModernBERT's at equal FLOPs",
+              _drop_single_seed(expand({"block": list(BLOCKS), "seed": list(range(nseeds))},
+                                       point)),
+              anchor=BLOCK_ANCHOR, curve_keys=("mlm_loss",))
+
+
 def _drop_single_seed(points: tuple[Point, ...]) -> tuple[Point, ...]:
   """Without a second pre-training seed the seed label is noise in every name: drop it (the
   base grids keep their historical point names)."""
@@ -503,6 +592,7 @@ GRIDS: dict[str, Callable[..., Grid]] = {
     "norm_lr_warmup": norm_lr_warmup,
     "static_vs_dynamic": static_vs_dynamic,
     "generator_size": generator_size,
+    "old_vs_new_block": old_vs_new_block,
 }
 
 
