@@ -40,6 +40,10 @@ _DEMO_FT_SEEDS = 3
 # Their committed results are history (experiments/results/history/<grid>/PROVENANCE.md: fp32
 # matmuls and remat "dots" then, the recipe's precision=auto and remat "full" now).
 # (a) was re-run on the main job's recipe as it is (see electra_vs_mlm).
+# The demo recipe's block until 2026-12-07, pinned: grids (a)-(e) ran on 8 ALiBi heads over a
+# learned position table (configs/pretrain.py ALIBI_BLOCK), and their points stay the ones that
+# ran now that the recipe's own block is ModernBERT's (runlocal's default block=modern).
+_ALIBI_RECIPE = ",runlocal,block=alibi"
 _DEMO_RUN = {"train.log_every": 100, "train.eval_steps": 32, "train.keep": 1,
              "data.max_length": 128, "data.batch_size": 8}
 
@@ -173,13 +177,13 @@ def electra_vs_mlm(scale: str = "demo", data_source: str = "") -> Grid:
     # each point decays linearly over its own step count. Two pre-training seeds for MLM and
     # ELECTRA (the finding), one for the variants.
     base = {"train.log_every": 100, "train.eval_steps": 64, "train.keep": 1}
-    budget = steps_for_budget_ref("size=tiny,objective=mlm,runlocal", base, steps=8400)
+    budget = steps_for_budget_ref(f"size=tiny,objective=mlm{_ALIBI_RECIPE}", base, steps=8400)
     size, finetune, seeds = "tiny", _demo_finetune(lr=None), {"mlm": 2, "electra": 2}
   elif scale == "gpu":
     # The gpu recipe; the budget is 400 MLM steps (6.6M tokens, 4.1e14 FLOPs) per point,
     # ~8e14 per arm of the finding over its two seeds. The generator is ELECTRA-Small's 1/4.
     base = _gpu_points(0)
-    budget = steps_for_budget_ref(f"size={_GPU_SIZE},objective=mlm,runlocal",
+    budget = steps_for_budget_ref(f"size={_GPU_SIZE},objective=mlm{_ALIBI_RECIPE}",
                                   _gpu_points(400), steps=400)
     size, finetune, seeds = _GPU_SIZE, _demo_finetune(), {"mlm": 2, "electra": 2}
   elif scale == "base":
@@ -197,7 +201,7 @@ def electra_vs_mlm(scale: str = "demo", data_source: str = "") -> Grid:
   def point(v):
     if v["seed"] >= seeds.get(v["objective"], 1):
       return None
-    arg = f"size={size},objective={v['objective']}" + (",runlocal" if local else "")
+    arg = f"size={size},objective={v['objective']}" + (_ALIBI_RECIPE if local else "")
     steps = steps_for_budget(resolve_config(arg, base), budget)
     over = {**base, "train.steps": steps, "train.flops_budget": budget}
     if scale == "gpu":
@@ -235,12 +239,12 @@ def electra_curve(scale: str = "demo", data_source: str = "") -> Grid:
     raise ValueError(f"electra_curve: scale={scale!r}; it is a demo-scale grid (the learning "
                      "curve at CPU scale); at gpu or base scale run electra_vs_mlm.")
   base = {"train.log_every": 100, "train.eval_steps": 64}
-  budget = CURVE_MULTIPLE * steps_for_budget_ref("size=tiny,objective=mlm,runlocal", base,
+  budget = CURVE_MULTIPLE * steps_for_budget_ref(f"size=tiny,objective=mlm{_ALIBI_RECIPE}", base,
                                                  steps=8400)
   quarters = len(CURVE_FRACTIONS) + 1
 
   def point(v):
-    arg = f"size=tiny,objective={v['objective']},runlocal"
+    arg = f"size=tiny,objective={v['objective']}{_ALIBI_RECIPE}"
     steps = steps_for_budget(resolve_config(arg, base), budget)
     # a checkpoint at every quarter; the FLOPs budget still ends the run (ELECTRA's at 15,567
     # of its 15,568 steps, a step before the last quarter's; the newest checkpoint is its end)
@@ -301,7 +305,7 @@ def generator_size(scale: str = "demo", data_source: str = "") -> Grid:
     over = {**base, "objective.gen_hidden_frac": GEN_FRACS[v["gen"]]}
     arg = f"size={size},objective=electra"
     if scale != "base":
-      arg, over["seed"] = arg + ",runlocal", v["seed"]
+      arg, over["seed"] = arg + _ALIBI_RECIPE, v["seed"]
     return PointSpec(arg, over, finetune)
 
   # "1/4" is no directory name: the label is the width as a fraction's digits (gen=1_4).
@@ -371,7 +375,7 @@ def nsp_formats(scale: str = "demo", data_source: str = "") -> Grid:
       over["data.batch_size"] = base["data.batch_size"] * max(1, base["data.max_length"] // 64)
       over["data.max_length"] = min(128, base["data.max_length"])
     arg = f"size={size},objective=mlm,nsp={task},format={fmt}"
-    return PointSpec(arg + (",runlocal" if scale != "base" else ""), over, finetune)
+    return PointSpec(arg + (_ALIBI_RECIPE if scale != "base" else ""), over, finetune)
 
   points = expand({"format": list(_FORMATS), "seed": list(range(nseeds))}, point)
   return Grid("nsp_formats", "NSP and input formats at equal tokens", _drop_single_seed(points),
@@ -423,7 +427,7 @@ def norm_lr_warmup(scale: str = "demo", data_source: str = "") -> Grid:
     over = {**base, "optim.learning_rate": v["lr"], "optim.warmup_steps": warmups[v["warmup"]]}
     arg = f"size={size},objective=mlm,norm={v['norm']}"
     if scale != "base":
-      arg, over["seed"] = arg + ",runlocal", v["seed"]
+      arg, over["seed"] = arg + _ALIBI_RECIPE, v["seed"]
     return PointSpec(arg, over, finetune)
 
   return Grid("norm_lr_warmup", "post-LN vs pre-LN: learning rate x warm-up", _drop_single_seed(
@@ -475,7 +479,7 @@ def static_vs_dynamic(scale: str = "demo", data_source: str = "") -> Grid:
     over = {**base, "objective.masking": masking, "objective.dupe_factor": dupe}
     arg = f"size={size},objective=mlm"
     if scale != "base":
-      arg, over["seed"] = arg + ",runlocal", v["seed"]
+      arg, over["seed"] = arg + _ALIBI_RECIPE, v["seed"]
     return PointSpec(arg, over, finetune)
 
   return Grid("static_vs_dynamic", "static vs dynamic masking", _drop_single_seed(expand(
@@ -521,16 +525,10 @@ BLOCKS: dict[str, dict] = {
 }
 
 
-def glu_ffn_size(ffn_size: int) -> int:
-  """The gated FFN width with the FLOPs of a one-matrix FFN of `ffn_size`: a gated FFN has three
-  d x F matrices to the plain one's two, so F = 2/3 ffn_size (Shazeer 2020's 3072 -> 2048),
-  rounded to a multiple of 8 (512 -> 344: 0.3% more FLOPs a step for the whole demo model)."""
-  return 8 * round(2 * ffn_size / 3 / 8)
-
-
 def old_vs_new_block(scale: str = "demo", data_source: str = "") -> Grid:
   """BERT's block vs ModernBERT's (BLOCKS) at equal FLOPs, matched by the FFN's width: the
-  gated FFN gets 2/3 of the plain one's (glu_ffn_size), as Shazeer 2020 matched them, so both
+  gated FFN gets 2/3 of the plain one's (configs/pretrain.py glu_ffn_size: 512 -> 344), as
+  Shazeer 2020 matched them, so both
   arms take the same steps of the same rows (equal tokens) at the same FLOPs to within 0.5%
   (the counter's, encoder_jax.train.flops: 3 d F for a gated FFN). MLM, no NSP."""
   if scale == "demo":
@@ -555,12 +553,12 @@ def old_vs_new_block(scale: str = "demo", data_source: str = "") -> Grid:
     size, finetune, nseeds = "base", _base_finetune(), 1
   else:
     raise _scale_error(scale)
+  from configs.pretrain import glu_ffn_size  # (JAX: not at experiments.run's import time)
   plain_ffn = resolve_config(f"size={size},norm=pre", {}).model.ffn_size
 
   def point(v):
-    over = {**base, **BLOCKS[v["block"]]}
-    if v["block"] == "modern":
-      over["model.ffn_size"] = glu_ffn_size(plain_ffn)
+    over = {**base, **BLOCKS[v["block"]], "model.ffn_size": (
+        glu_ffn_size(plain_ffn) if v["block"] == "modern" else plain_ffn)}
     arg = f"size={size},objective=mlm,norm=pre"
     if scale != "base":
       arg, over["seed"] = arg + ",runlocal", v["seed"]

@@ -292,11 +292,11 @@ def test_help_names_the_auto_class_of_each_run_shape():
 
 
 def test_a_pre_ln_alibi_run_is_refused_in_one_line(tmp_path):
-  """The demo recipe (configs/pretrain.py:runlocal: pre-LN, ALiBi, 8 heads) has no HF
-  equivalent: one line names both switches and the nearest configuration that exports,
-  before any checkpoint is read (this run's checkpoints/ is empty) and with nothing written
-  to --out."""
-  config = loop_helpers.pretrain.get_config("runlocal=True")  # configs/pretrain.py
+  """The demo recipe's former block (configs/pretrain.py:runlocal,block=alibi: pre-LN, ALiBi,
+  8 heads) has no HF equivalent: one line names both switches and the nearest configuration
+  that exports, before any checkpoint is read (this run's checkpoints/ is empty) and with
+  nothing written to --out."""
+  config = loop_helpers.pretrain.get_config("runlocal=True,block=alibi")  # configs/pretrain.py
   assert config.model.norm_first and config.model.position_bias == "alibi"
   workdir, out = tmp_path / "run", tmp_path / "hf"
   (workdir / "checkpoints").mkdir(parents=True)
@@ -332,8 +332,9 @@ def test_a_pre_ln_alibi_run_is_refused_in_one_line(tmp_path):
   from encoder_jax.objectives.pretraining import ObjectiveConfig
   cfg, obj = ModelConfig(embedding_size=128), ObjectiveConfig(sentence_task="nsp")
   assert export.refusal("runs/x", cfg, obj, load.exporting_family(cfg, obj)[1]).startswith(
-      "no family in RoBERTa/BERT/ELECTRA/ModernBERT represents this run: the closest, BERT, has no place "
-      "for model.embedding_size=128 (HF BERT has no embedding projection to hidden_size=768); "
+      "no family in RoBERTa/BERT/ELECTRA/ModernBERT represents this run: the closest, BERT, "
+      "has no place for model.embedding_size=128 (HF BERT has no embedding projection to "
+      "hidden_size=768); "
       "the nearest exportable configuration is this run's with --config.model.embedding_size=0"
       ", which exports as BERT. Fine-tune")
 

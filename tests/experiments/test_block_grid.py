@@ -4,6 +4,7 @@ equal by a count written here from the matmul shapes, and the new arm is the blo
 ModernBERT holds."""
 import pytest
 
+from configs.pretrain import glu_ffn_size
 from experiments import grids
 from experiments.grid import flops_per_step
 
@@ -75,5 +76,5 @@ def test_demo_arms_are_berts_block_and_modernberts():
 
 def test_glu_ffn_size_keeps_the_ffns_flops():
   for f in (512, 1024, 3072, 4096):
-    g = grids.glu_ffn_size(f)
+    g = glu_ffn_size(f)
     assert g % 8 == 0 and abs(3 * g - 2 * f) <= 12
