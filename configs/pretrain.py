@@ -86,16 +86,19 @@ DROPOUTS = {"bert": (0.1, 0.1), "no_attention": (0.1, 0.0), "none": (0.0, 0.0)}
 RECIPES = ("bert", "roberta")
 # The demo recipe's blocks (runlocal's `block`), as ModelConfig fields over the size's.
 # modern: ModernBERT's block (model.config.MODERNBERT_BLOCK; arXiv 2412.13663, section 2.1)
-# without its sliding windows and with RoPE's theta 10,000 in every layer (RoFormer's: the
-# demo's rows of 64 are far from the 8,192 positions ModernBERT's global 160,000 is for); the
-# FFN gets 2/3 of the size's width (glu_ffn_size), so a step costs what the plain FFN's did.
+# with RoPE's theta 10,000 in every layer (RoFormer's: the demo's rows of 64 are far from the
+# 8,192 positions ModernBERT's global 160,000 is for) and a 16-token window (8 each side) in
+# every second layer from layer 1 (ModernBERT: 128 in two of three), which layer 1 of the demo's
+# two is; the FFN gets 2/3 of the size's width (glu_ffn_size), so a step costs what the plain
+# FFN's did.
 DEMO_BLOCK = dict(position_bias="none", learned_positions=False, rope=True,
-                  rope_theta=10_000.0, rope_theta_local=10_000.0, glu=True, activation="gelu",
-                  norm_bias=False, linear_bias=False, first_attn_norm=False,
-                  layer_norm_eps=1e-5, type_vocab_size=0)
+                  rope_theta=10_000.0, rope_theta_local=10_000.0, local_window=16,
+                  global_every=2, glu=True, activation="gelu", norm_bias=False,
+                  linear_bias=False, first_attn_norm=False, layer_norm_eps=1e-5,
+                  type_vocab_size=0)
 # alibi: the recipe's block until 2026-12-07: BERT's block (the size's defaults) with 8 ALiBi
-# heads (Press et al. 2022, symmetric) over a learned position table started sinusoidal.
-ALIBI_BLOCK = dict(position_bias="alibi", position_init="sinusoidal")
+# heads (Press et al. 2022, symmetric) over a learned position table.
+ALIBI_BLOCK = dict(position_bias="alibi")
 DEMO_BLOCKS = {"modern": DEMO_BLOCK, "alibi": ALIBI_BLOCK}
 
 
@@ -361,7 +364,9 @@ def runlocal(config: ml_collections.ConfigDict, block: str = "modern") -> None:
   """
   if config.model.hidden_size % 8 == 0:
     config.model.num_heads = max(config.model.num_heads, 8)
-  config.model.update(dict(DEMO_BLOCKS[block], scan_layers="True", remat_policy="full"))
+  # position_init: a learned position table, where the block has one, starts sinusoidal
+  config.model.update(dict(DEMO_BLOCKS[block], position_init="sinusoidal", scan_layers="True",
+                           remat_policy="full"))
   if block == "modern":
     config.model.ffn_size = glu_ffn_size(config.model.ffn_size)
     # layer 0 reads the embedding norm's output only in a pre-LN block (norm=post keeps its own)

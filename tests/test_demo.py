@@ -66,15 +66,16 @@ def test_a_finished_run_evaluated_again_adds_no_point_to_the_curve(tmp_path):
 @pytest.fixture(scope="module")
 def modern_run(tmp_path_factory):
   """A 2-step run of the demo recipe's block (configs/pretrain.py runlocal's model switches) at
-  the trainer tests' tiny size, on their corpus."""
+  the trainer tests' tiny width, on their corpus."""
   import loop_helpers  # pylint: disable=g-import-not-at-top
   from configs import pretrain  # pylint: disable=g-import-not-at-top
   from encoder_jax.train import loop  # pylint: disable=g-import-not-at-top
   env = loop_helpers.make_env(tmp_path_factory.mktemp("demo_export_env"))
   config = loop_helpers.tiny_config(env, steps=2, checkpoint_every=2, eval_every=0)
   block = {k: v for k, v in pretrain.get_config("runlocal").model.items()
-           if k in pretrain.DEMO_BLOCK}
-  config.model.update(dict(block, hidden_dropout=0.0, attention_dropout=0.0))
+           if k in pretrain.DEMO_BLOCK or k == "norm_first"}
+  # two layers: layer 1 attends within the recipe's window (16 of the rows' 32 tokens)
+  config.model.update(dict(block, num_layers=2, hidden_dropout=0.0, attention_dropout=0.0))
   workdir = tmp_path_factory.mktemp("demo_export") / "pretrain"
   loop.train_and_evaluate(config, str(workdir))
   return workdir

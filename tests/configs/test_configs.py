@@ -70,6 +70,7 @@ def test_the_demo_recipe_is_modernberts_block_and_exports():
   assert (demo.num_layers, demo.hidden_size, demo.num_heads) == (2, 128, 8)
   assert demo.glu and demo.rope and not demo.learned_positions and demo.position_bias == "none"
   assert demo.ffn_size == 344 and abs(3 * 344 - 2 * 512) / (2 * 512) < 0.01
+  assert demo.local_window == 16 and demo.global_layers == (True, False)
   old = to_model_config(pretrain.get_config("runlocal,block=alibi"))
   assert (old.position_bias, old.ffn_size, old.glu, old.learned_positions) == (
       "alibi", 512, False, True)
