@@ -47,8 +47,11 @@ case "$what" in
     # Pre-train the demo recipe (~8 min on 2 cores), fine-tune its checkpoint, a random init of
     # its shape and all-MiniLM-L6-v2 on both demo tasks (3 seeds each), print the comparison.
     # Re-running resumes / reuses what runs/demo holds. Extra flags go to encoder_jax.demo,
-    # e.g. --config.train.steps=3000 or --seeds=5.
-    ensure_venv ""
+    # e.g. --config.train.steps=3000 or --seeds=5. It ends by exporting the checkpoint to
+    # runs/demo/hf and loading it in transformers (the reload check): the test extra brings
+    # transformers and the CPU wheel of torch (~0.9 GB installed, about a minute more on the
+    # first run from a warm pip cache).
+    ensure_venv "[test]"
     exec "$VENV/bin/python" -m encoder_jax.demo --workdir="${DEMO_WORKDIR:-runs/demo}" "$@" ;;
   test)
     ensure_venv "[test]"

@@ -46,6 +46,13 @@ Arguments after ':' are comma-separated key=value pairs (`runlocal` alone means 
              at start-up.
   runlocal   the demo recipe for a 2-core CPU (see `runlocal` below): leaves the unigram
              plateau in minutes
+  block      modern | alibi: the demo recipe's encoder block (with runlocal; default modern)
+             modern: ModernBERT's block at the demo's size (DEMO_BLOCK: RoPE, GeGLU FFN of 2/3
+               the width, no biases, the embedding norm in place of layer 0's pre-norm, no
+               token types): runs export as transformers' ModernBertForMaskedLM;
+             alibi: the demo recipe's block until 2026-12-07 (ALIBI_BLOCK: 8 ALiBi heads over
+               a learned position table, GELU, LayerNorm and linears with biases), which no
+               transformers class holds; grids (a)-(e) ran on it and keep it
   phase      1 | 2: BERT's two phases (Devlin et al. 2019, A.2; the google-research/bert
              README): phase 1 trains on rows of 128 (90% of the steps), phase 2 on rows of 512
              for 100k steps "to learn the positional embeddings", starting from phase 1's
@@ -85,6 +92,31 @@ from encoder_jax.objectives.pretraining import OBJECTIVES, SENTENCE_TASKS
 # (hidden_dropout, attention_dropout) of each `dropout` preset (see the module docstring).
 DROPOUTS = {"bert": (0.1, 0.1), "no_attention": (0.1, 0.0), "none": (0.0, 0.0)}
 RECIPES = ("bert", "roberta", "modernbert")
+# The demo recipe's blocks (runlocal's `block`), as ModelConfig fields over the size's.
+# modern: ModernBERT's block (model.config.MODERNBERT_BLOCK; arXiv 2412.13663, section 2.1)
+# with RoPE's theta 10,000 in every layer (RoFormer's: the demo's rows of 64 are far from the
+# 8,192 positions ModernBERT's global 160,000 is for) and a 16-token window (8 each side) in
+# every second layer from layer 1 (ModernBERT: 128 in two of three), which layer 1 of the demo's
+# two is; the FFN gets 2/3 of the size's width (glu_ffn_size), so a step costs what the plain
+# FFN's did.
+DEMO_BLOCK = dict(position_bias="none", learned_positions=False, rope=True,
+                  rope_theta=10_000.0, rope_theta_local=10_000.0, local_window=16,
+                  global_every=2, glu=True, activation="gelu", norm_bias=False,
+                  linear_bias=False, first_attn_norm=False, layer_norm_eps=1e-5,
+                  type_vocab_size=0)
+# alibi: the recipe's block until 2026-12-07: BERT's block (the size's defaults) with 8 ALiBi
+# heads (Press et al. 2022, symmetric) over a learned position table.
+ALIBI_BLOCK = dict(position_bias="alibi")
+DEMO_BLOCKS = {"modern": DEMO_BLOCK, "alibi": ALIBI_BLOCK}
+
+
+def glu_ffn_size(ffn_size: int) -> int:
+  """The gated FFN width with the FLOPs of a one-matrix FFN of `ffn_size`: a gated FFN has three
+  d x F matrices to the plain one's two, so F = 2/3 ffn_size (Shazeer 2020, arXiv 2002.05202,
+  matched 3072 with 2048), rounded to a multiple of 8 (512 -> 344)."""
+  return 8 * round(2 * ffn_size / 3 / 8)
+
+
 # RoBERTa's vocabulary size: the released byte-level BPE (vocab.json + merges.txt) has 50,265
 # entries, the "50K subword units" of Section 4.
 ROBERTA_VOCAB_SIZE = 50_265
@@ -124,7 +156,7 @@ def model_config(size: str, norm: str) -> ml_collections.ConfigDict:
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   args = parse_arg(arg, flags=("runlocal",), size="", objective="mlm", nsp="none", format="",
                    norm="", dropout="", runlocal="False", precision="",
-                   phase="1", recipe="bert")
+                   phase="1", recipe="bert", block="")
   recipe = _choice("recipe", args["recipe"], RECIPES)
   args["size"] = args["size"] or ("modernbert-base" if recipe == "modernbert" else "tiny")
   if recipe == "modernbert":
@@ -268,9 +300,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   elif recipe == "modernbert":
     modernbert.recipe(config)
   if args["runlocal"] == "True":
-    runlocal(config)
+    runlocal(config, _choice("block", args["block"] or "modern", DEMO_BLOCKS))
   elif args["runlocal"] != "False":
     raise ValueError(f"runlocal={args['runlocal']!r}; give it bare or as True/False.")
+  elif args["block"]:
+    raise ValueError(f"block={args['block']} picks the demo recipe's block: add runlocal, or "
+                     "set the block switches as --config.model.* flags.")
   if config.phase == 2:
     config.data.max_length = 512
     config.train.steps = 100_000
@@ -320,7 +355,7 @@ def roberta(config: ml_collections.ConfigDict, args: dict[str, str]) -> None:
   config.train.steps = 500_000
 
 
-def runlocal(config: ml_collections.ConfigDict) -> None:
+def runlocal(config: ml_collections.ConfigDict, block: str = "modern") -> None:
   """The main job's pre-training: a recipe that leaves the unigram plateau on 2 CPU cores.
 
   Each choice won a measurement on the demo corpus (held-out masked-token accuracy after the
@@ -328,8 +363,14 @@ def runlocal(config: ml_collections.ConfigDict) -> None:
   experiments/results/demo.md, "How the demo recipe was chosen"):
     * vocab "demo" (8,192 WordPiece ids trained on the demo text): BERT's 30,522 leave a tiny
       model too few targets per entry and most of its step in the vocabulary projection.
-    * position_bias "alibi" with 8 heads: its steep heads attend to neighbours from step 0,
-      which a learned position table takes millions of tokens to learn.
+    * block "modern" (DEMO_BLOCK, since 2026-12-07): ModernBERT's block (RoPE, GeGLU FFN of
+      344 = 2/3 of 512, so a step costs what it did; no biases; the embedding norm in place of
+      layer 0's pre-norm; no token types), which transformers holds, so the main job ends
+      with a checkpoint ModernBertForMaskedLM loads (encoder_jax.demo step 3). Measured
+      against the block before it on this recipe: see experiments/results/demo.md.
+    * block "alibi" (ALIBI_BLOCK, the recipe until 2026-12-07; grids (a)-(e) ran on it): 8
+      ALiBi heads, whose steep heads attend to neighbours from step 0, which a learned
+      position table alone takes millions of tokens to learn; no transformers class has it.
     * pre-LN, no dropout, AdamW lr 2e-3 (b2 0.98), 100 warm-up steps, linear decay.
     * mask_rate 0.2 (80/10/10); size tiny (2 x 128; wider costs 3x per token for less).
     * rows of 64 tokens, batch 16: the same accuracy per token as 8 x 128 in less time
@@ -343,8 +384,13 @@ def runlocal(config: ml_collections.ConfigDict) -> None:
   """
   if config.model.hidden_size % 8 == 0:
     config.model.num_heads = max(config.model.num_heads, 8)
-  config.model.update(dict(position_bias="alibi", position_init="sinusoidal",
-                           scan_layers="True", remat_policy="full"))
+  # position_init: a learned position table, where the block has one, starts sinusoidal
+  config.model.update(dict(DEMO_BLOCKS[block], position_init="sinusoidal", scan_layers="True",
+                           remat_policy="full"))
+  if block == "modern":
+    config.model.ffn_size = glu_ffn_size(config.model.ffn_size)
+    # layer 0 reads the embedding norm's output only in a pre-LN block (norm=post keeps its own)
+    config.model.first_attn_norm = not config.model.norm_first
   config.data.update(dict(vocab="demo", max_length=64, batch_size=16))
   config.objective.mask_rate = 0.2
   config.optim.update(dict(learning_rate=2e-3, b2=0.98, warmup_steps=100))

@@ -14,11 +14,21 @@ r"""The main job: pre-train the demo recipe, then show what its checkpoint is wo
    against the unigram baseline scored on the same positions, the loss's distance below the
    unigram baseline, and per task the median [min, max] test accuracy of each backbone, the
    majority-class rate, and whether the checkpoint's range clears the random init's.
+4. Exports the checkpoint as a transformers folder, <workdir>/hf (encoder_jax.convert.export:
+   the demo recipe's ModernBERT block as ModernBertForMaskedLM), and where transformers and
+   torch are installed (`bash run.sh demo` installs them) loads it with
+   AutoModelForMaskedLM and prints the largest difference between its logits and the run's
+   ("reload check"); without them it prints the command that runs the check. A run another
+   --config makes unexportable (e.g. --config.model.position_bias=alibi) gets export's one-line
+   reason instead. A re-run replaces the folder only if it still holds exactly what the last
+   export wrote there (recorded in results.json); anything else there is left as it is.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import pathlib
+import shutil
 import time
 
 from absl import app, flags
@@ -96,21 +106,21 @@ def run_finetuning(tasks, inits, pretrain_dir: pathlib.Path, workdir: pathlib.Pa
     jdir = workdir / f"finetune_{task}_{init}"
     old = finished(config, jdir)
     if old is not None:
-      print(f"[2/2] reusing {jdir / 'results.json'}", flush=True)
+      print(f"[2/3] reusing {jdir / 'results.json'}", flush=True)
       done[(task, init)] = old
     else:
       todo.append(((task, init), (config, str(jdir))))
   todo.sort(key=lambda job: _JOB_ORDER.index(job[0][1]) if job[0][1] in _JOB_ORDER else 0)
   workers = workers or pool.default_workers()
   if todo:
-    print(f"[2/2] fine-tuning {len(todo)} jobs ({seeds} seeds each) in "
+    print(f"[2/3] fine-tuning {len(todo)} jobs ({seeds} seeds each) in "
           f"{min(workers, len(todo))} worker process(es): "
           + ", ".join(f"{t} from {INIT_LABELS[i]}" for (t, i), _ in todo), flush=True)
 
   def on_done(n: int, result: dict) -> None:
     task, init = todo[n][0]
     test = result["summary"].get("test/accuracy", {})
-    print(f"[2/2] done {task} from {INIT_LABELS[init]} in {result['seconds']:.0f} s: test "
+    print(f"[2/3] done {task} from {INIT_LABELS[init]} in {result['seconds']:.0f} s: test "
           f"accuracy median {test.get('median', float('nan')):.4f}", flush=True)
 
   for (key, _), result in zip(todo, pool.run_jobs([job for _, job in todo], workers, on_done)):
@@ -246,6 +256,65 @@ def report(pretrain_summary: dict, finetuned: dict[str, dict[str, dict]], seeds:
   return "\n".join(lines)
 
 
+def _files(folder: pathlib.Path) -> list[str]:
+  return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+
+
+def export_lines(record: dict) -> list[str]:
+  """results.md's section on the transformers export (export_checkpoint's record)."""
+  lines = ["## The checkpoint in transformers", ""]
+  if not record.get("exported"):
+    return lines + [f"Not exported: {record.get('why', 'unknown')}", ""]
+  if "error" in record:
+    return lines + [f"`{record['folder']}` does not reproduce the run: {record['error']}", ""]
+  classes = ", ".join(f"{h} (transformers.{a}.from_pretrained)"
+                      for h, a in zip(record["hf_class"], record["auto_class"]))
+  lines.append(f"`{record['folder']}`: {classes}.")
+  checks = [l.removeprefix("export: ") for l in record.get("reload_check", [])]
+  lines += ["", "; ".join(checks) + "." if checks else
+            "Reload check not run (transformers and torch not installed)."]
+  return lines + [""]
+
+
+def export_checkpoint(pretrain_dir: pathlib.Path, workdir: pathlib.Path,
+                      previous: dict | None) -> dict:
+  """Step 3: the run's newest good checkpoint into <workdir>/hf through
+  encoder_jax.convert.export.export_run, with its reload check where transformers and torch
+  import. `previous` is the last run's record (results.json "export"): a folder holding exactly
+  the files it lists is that export and is replaced; any other non-empty folder is kept.
+  Returns this export's record (folder, files, class, reload check) for results.json."""
+  from encoder_jax.convert import export  # pylint: disable=g-import-not-at-top
+  out = workdir / "hf"
+  say = lambda line: print(f"[3/3] {line}", flush=True)
+  if out.exists() and any(out.iterdir()):
+    if not previous or previous.get("files") != _files(out):
+      say(f"left {out} as it is: it holds files the demo's last export did not write. Export "
+          f"this run elsewhere: python -m encoder_jax.convert.export --workdir={pretrain_dir} "
+          f"--out=<a new folder>")
+      return {"exported": False, "why": f"{out} holds other files"}
+    shutil.rmtree(out)
+  checked = all(importlib.util.find_spec(m) for m in ("transformers", "torch"))
+  lines: list[str] = []
+  try:
+    written = export.export_run(pretrain_dir, out, check=checked,
+                                report=lambda line: (lines.append(line), say(line)))
+  except export.NotRepresentable as e:
+    say(f"no transformers export: {e}")
+    return {"exported": False, "why": str(e)}
+  except ValueError as e:  # the reload check: transformers computes something else
+    say(f"reload check failed: {e}")
+    return {"exported": True, "folder": str(out), "files": _files(out), "error": str(e)}
+  record = {"exported": True, "folder": str(out), "files": _files(out),
+            "hf_class": [w.hf_class for w in written],
+            "auto_class": [w.auto_class for w in written],
+            "reload_check": [l for l in lines if "reload check:" in l]}
+  if not checked:
+    say("reload check not run: transformers and torch are not installed here. Run it with "
+        f"`bash run.sh python -m encoder_jax.convert.export --workdir={pretrain_dir} "
+        f"--out={workdir / 'hf_checked'}` (run.sh installs both)")
+  return record
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -265,24 +334,32 @@ def main(argv):
   unknown = sorted(set(FLAGS.inits) - set(INIT_LABELS))
   if unknown:
     raise app.UsageError(f"--inits: unknown {unknown}; choose from {sorted(INIT_LABELS)}.")
-  print(f"[1/2] pre-training into {pretrain_dir}", flush=True)
+  print(f"[1/3] pre-training into {pretrain_dir}", flush=True)
   summary = pretrain(FLAGS.config, str(pretrain_dir))
   summary["tokens_per_step"] = FLAGS.config.data.batch_size * FLAGS.config.data.max_length
   t_pretrained = time.time()
   finetuned = run_finetuning(FLAGS.tasks, FLAGS.inits, pretrain_dir, workdir, FLAGS.seeds,
                              FLAGS.finetune_workers)
+  t_finetuned = time.time()
   curve = learning_curve(pretrain_dir)
   plot_curve(curve, workdir / "curve.png", f"demo recipe ({pretrain_dir})")
   text = report(summary, finetuned, FLAGS.seeds, curve)
+  print("\n" + text + "\n", flush=True)
+  previous = (json.loads((workdir / "results.json").read_text()).get("export")
+              if (workdir / "results.json").exists() else None)
+  exported = export_checkpoint(pretrain_dir, workdir, previous)
+  text += "\n" + "\n".join(export_lines(exported))
   (workdir / "results.md").write_text(text + "\n")
   (workdir / "results.json").write_text(json.dumps(
       {"pretrain": summary, "finetune": {t: {i: r["summary"] for i, r in d.items()}
-                                         for t, d in finetuned.items()}},
-      indent=1, default=float) + "\n")
-  print("\n" + text, flush=True)
+                                         for t, d in finetuned.items()},
+       "export": exported}, indent=1, default=float) + "\n")
+  if "error" in exported:
+    raise ValueError(f"the export in {workdir / 'hf'} failed its reload check: "
+                     f"{exported['error']}")
   print(f"demo finished in {(time.time() - t0) / 60:.1f} min (pre-training "
-        f"{(t_pretrained - t0) / 60:.1f}, fine-tuning {(time.time() - t_pretrained) / 60:.1f}); "
-        f"{workdir / 'results.md'}")
+        f"{(t_pretrained - t0) / 60:.1f}, fine-tuning {(t_finetuned - t_pretrained) / 60:.1f}, "
+        f"export {(time.time() - t_finetuned) / 60:.1f}); {workdir / 'results.md'}")
 
 
 if __name__ == "__main__":

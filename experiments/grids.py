@@ -1,5 +1,5 @@
 """The ablation grids: ELECTRA vs MLM, ELECTRA's generator size, NSP and input formats, post-
-vs pre-LN, static vs dynamic masking.
+vs pre-LN, static vs dynamic masking, BERT's block vs ModernBERT's.
 
 Each grid exists at three scales:
   demo  what this repo's CPU reproductions ran (experiments/results/<grid>/; results of an older
@@ -40,6 +40,10 @@ _DEMO_FT_SEEDS = 3
 # Their committed results are history (experiments/results/history/<grid>/PROVENANCE.md: fp32
 # matmuls and remat "dots" then, the recipe's precision=auto and remat "full" now).
 # (a) was re-run on the main job's recipe as it is (see electra_vs_mlm).
+# The demo recipe's block until 2026-12-07, pinned: grids (a)-(e) ran on 8 ALiBi heads over a
+# learned position table (configs/pretrain.py ALIBI_BLOCK), and their points stay the ones that
+# ran now that the recipe's own block is ModernBERT's (runlocal's default block=modern).
+_ALIBI_RECIPE = ",runlocal,block=alibi"
 _DEMO_RUN = {"train.log_every": 100, "train.eval_steps": 32, "train.keep": 1,
              "data.max_length": 128, "data.batch_size": 8}
 
@@ -173,13 +177,13 @@ def electra_vs_mlm(scale: str = "demo", data_source: str = "") -> Grid:
     # each point decays linearly over its own step count. Two pre-training seeds for MLM and
     # ELECTRA (the finding), one for the variants.
     base = {"train.log_every": 100, "train.eval_steps": 64, "train.keep": 1}
-    budget = steps_for_budget_ref("size=tiny,objective=mlm,runlocal", base, steps=8400)
+    budget = steps_for_budget_ref(f"size=tiny,objective=mlm{_ALIBI_RECIPE}", base, steps=8400)
     size, finetune, seeds = "tiny", _demo_finetune(lr=None), {"mlm": 2, "electra": 2}
   elif scale == "gpu":
     # The gpu recipe; the budget is 400 MLM steps (6.6M tokens, 4.1e14 FLOPs) per point,
     # ~8e14 per arm of the finding over its two seeds. The generator is ELECTRA-Small's 1/4.
     base = _gpu_points(0)
-    budget = steps_for_budget_ref(f"size={_GPU_SIZE},objective=mlm,runlocal",
+    budget = steps_for_budget_ref(f"size={_GPU_SIZE},objective=mlm{_ALIBI_RECIPE}",
                                   _gpu_points(400), steps=400)
     size, finetune, seeds = _GPU_SIZE, _demo_finetune(), {"mlm": 2, "electra": 2}
   elif scale == "base":
@@ -197,7 +201,7 @@ def electra_vs_mlm(scale: str = "demo", data_source: str = "") -> Grid:
   def point(v):
     if v["seed"] >= seeds.get(v["objective"], 1):
       return None
-    arg = f"size={size},objective={v['objective']}" + (",runlocal" if local else "")
+    arg = f"size={size},objective={v['objective']}" + (_ALIBI_RECIPE if local else "")
     steps = steps_for_budget(resolve_config(arg, base), budget)
     over = {**base, "train.steps": steps, "train.flops_budget": budget}
     if scale == "gpu":
@@ -235,12 +239,12 @@ def electra_curve(scale: str = "demo", data_source: str = "") -> Grid:
     raise ValueError(f"electra_curve: scale={scale!r}; it is a demo-scale grid (the learning "
                      "curve at CPU scale); at gpu or base scale run electra_vs_mlm.")
   base = {"train.log_every": 100, "train.eval_steps": 64}
-  budget = CURVE_MULTIPLE * steps_for_budget_ref("size=tiny,objective=mlm,runlocal", base,
+  budget = CURVE_MULTIPLE * steps_for_budget_ref(f"size=tiny,objective=mlm{_ALIBI_RECIPE}", base,
                                                  steps=8400)
   quarters = len(CURVE_FRACTIONS) + 1
 
   def point(v):
-    arg = f"size=tiny,objective={v['objective']},runlocal"
+    arg = f"size=tiny,objective={v['objective']}{_ALIBI_RECIPE}"
     steps = steps_for_budget(resolve_config(arg, base), budget)
     # a checkpoint at every quarter; the FLOPs budget still ends the run (ELECTRA's at 15,567
     # of its 15,568 steps, a step before the last quarter's; the newest checkpoint is its end)
@@ -301,7 +305,7 @@ def generator_size(scale: str = "demo", data_source: str = "") -> Grid:
     over = {**base, "objective.gen_hidden_frac": GEN_FRACS[v["gen"]]}
     arg = f"size={size},objective=electra"
     if scale != "base":
-      arg, over["seed"] = arg + ",runlocal", v["seed"]
+      arg, over["seed"] = arg + _ALIBI_RECIPE, v["seed"]
     return PointSpec(arg, over, finetune)
 
   # "1/4" is no directory name: the label is the width as a fraction's digits (gen=1_4).
@@ -371,7 +375,7 @@ def nsp_formats(scale: str = "demo", data_source: str = "") -> Grid:
       over["data.batch_size"] = base["data.batch_size"] * max(1, base["data.max_length"] // 64)
       over["data.max_length"] = min(128, base["data.max_length"])
     arg = f"size={size},objective=mlm,nsp={task},format={fmt}"
-    return PointSpec(arg + (",runlocal" if scale != "base" else ""), over, finetune)
+    return PointSpec(arg + (_ALIBI_RECIPE if scale != "base" else ""), over, finetune)
 
   points = expand({"format": list(_FORMATS), "seed": list(range(nseeds))}, point)
   return Grid("nsp_formats", "NSP and input formats at equal tokens", _drop_single_seed(points),
@@ -423,7 +427,7 @@ def norm_lr_warmup(scale: str = "demo", data_source: str = "") -> Grid:
     over = {**base, "optim.learning_rate": v["lr"], "optim.warmup_steps": warmups[v["warmup"]]}
     arg = f"size={size},objective=mlm,norm={v['norm']}"
     if scale != "base":
-      arg, over["seed"] = arg + ",runlocal", v["seed"]
+      arg, over["seed"] = arg + _ALIBI_RECIPE, v["seed"]
     return PointSpec(arg, over, finetune)
 
   return Grid("norm_lr_warmup", "post-LN vs pre-LN: learning rate x warm-up", _drop_single_seed(
@@ -475,12 +479,95 @@ def static_vs_dynamic(scale: str = "demo", data_source: str = "") -> Grid:
     over = {**base, "objective.masking": masking, "objective.dupe_factor": dupe}
     arg = f"size={size},objective=mlm"
     if scale != "base":
-      arg, over["seed"] = arg + ",runlocal", v["seed"]
+      arg, over["seed"] = arg + _ALIBI_RECIPE, v["seed"]
     return PointSpec(arg, over, finetune)
 
   return Grid("static_vs_dynamic", "static vs dynamic masking", _drop_single_seed(expand(
       {"masking": list(arms), "seed": list(range(nseeds))}, point)),
       anchor=MASKING_ANCHOR, curve_keys=("mlm_loss",))
+
+
+# ------------------------------------------------------------------ (f) old vs new block
+
+BLOCK_ANCHOR = (
+    "Shazeer 2020 (arXiv 2002.05202) Table 1, T5-base at equal parameters and FLOPs (d_ff "
+    "3072 for one-matrix FFNs, 2048 for gated ones): held-out log-perplexity 1.983 (GELU) vs "
+    "1.942 (GEGLU) after 65,536 steps, 1.679 vs 1.633 after 524,288. RoFormer (arXiv "
+    "2104.09864) Figure 3 (left): BERT's MLM loss falls faster with rotary position "
+    "embeddings than with its learned position table. ModernBERT (arXiv 2412.13663) Section "
+    "2.1.1 adopts both with bias-free linears and norms; the paper ablates none of them alone.")
+
+# Both arms of (f) set every block switch explicitly (not inherited from configs/pretrain.py
+# `runlocal`, whose block may move): the old arm is BERT's block (a learned position table,
+# GELU FFN, LayerNorm and linears with biases, two token types), the new one ModernBERT's
+# (model.config.MODERNBERT_BLOCK: RoPE, GeGLU, no biases, the embedding norm in place of layer
+# 0's attention pre-norm, no token types) without its sliding windows (rows of 64-128 tokens fit
+# one 128-token window anyway). Both pre-LN, as every demo point, and with the same width, depth,
+# heads, objective and tokens. The old arm's position table starts sinusoidal (the demo recipe's
+# choice for a learned table: 18.7% vs 18.3% held-out with BERT's normal init at 2M tokens,
+# experiments/results/demo.md). RoPE's theta is 10,000 for both layer kinds (RoFormer's; the
+# rows are far shorter than ModernBERT's 8,192 positions that its global 160,000 is for).
+BLOCKS: dict[str, dict] = {
+    "bert": {"model.position_bias": "none", "model.learned_positions": True,
+             "model.position_init": "sinusoidal", "model.rope": False, "model.glu": False,
+             "model.activation": "gelu", "model.norm": "layernorm", "model.norm_bias": True,
+             "model.linear_bias": True, "model.first_attn_norm": True,
+             "model.embedding_norm": True, "model.layer_norm_eps": 1e-12,
+             "model.type_vocab_size": 2, "model.local_window": 0, "model.global_every": 1},
+    "modern": {"model.position_bias": "none", "model.learned_positions": False,
+               "model.position_init": "sinusoidal", "model.rope": True,
+               "model.rope_theta": 10_000.0, "model.rope_theta_local": 10_000.0,
+               "model.glu": True, "model.activation": "gelu", "model.norm": "layernorm",
+               "model.norm_bias": False, "model.linear_bias": False,
+               "model.first_attn_norm": False, "model.embedding_norm": True,
+               "model.layer_norm_eps": 1e-5, "model.type_vocab_size": 0,
+               "model.local_window": 0, "model.global_every": 1},
+}
+
+
+def old_vs_new_block(scale: str = "demo", data_source: str = "") -> Grid:
+  """BERT's block vs ModernBERT's (BLOCKS) at equal FLOPs, matched by the FFN's width: the
+  gated FFN gets 2/3 of the plain one's (configs/pretrain.py glu_ffn_size: 512 -> 344), as
+  Shazeer 2020 matched them, so both
+  arms take the same steps of the same rows (equal tokens) at the same FLOPs to within 0.5%
+  (the counter's, encoder_jax.train.flops: 3 d F for a gated FFN). MLM, no NSP."""
+  if scale == "demo":
+    # The main job's rows (16 x 64) and fine-tuning (both demo tasks, 3 seeds; lr 2e-3, 4,000
+    # sentiment snippets), 2,000 steps a point (2.0M tokens, 7.9e12 FLOPs, each on its own
+    # schedule: the budget at which the demo recipe's position choices were measured,
+    # experiments/results/demo.md). Sized to the shared 2-core CPU: ~5 min a point at the 7.4k
+    # tokens/s of a quiet core pair in fp32, but ~0.8k tokens/s while five jobs share the cores
+    # (2026-12-07): ~45 min a point. Two pre-training seeds per arm.
+    base = {"train.log_every": 100, "train.eval_steps": 64, "train.keep": 1,
+            "train.steps": 2000, "train.eval_every": 2000, "train.checkpoint_every": 2000}
+    size, finetune, nseeds = "tiny", _demo_finetune(lr=None), 2
+  elif scale == "gpu":
+    # The gpu recipe (12 x 256, embeddings 128, 8 heads of 32), 400 steps (6.6M tokens) a
+    # point, two pre-training seeds.
+    base = _gpu_points(400)
+    size, finetune, nseeds = _GPU_SIZE, _demo_finetune(), 2
+  elif scale == "base":
+    # BERT-base's width and depth, pre-LN, at RoBERTa's ablation setting (seq 512, batch 256,
+    # 1M steps, lr 1e-4, 10k warm-up), one seed; GLUE + SQuAD.
+    base = _roberta_base(data_source)
+    size, finetune, nseeds = "base", _base_finetune(), 1
+  else:
+    raise _scale_error(scale)
+  from configs.pretrain import glu_ffn_size  # (JAX: not at experiments.run's import time)
+  plain_ffn = resolve_config(f"size={size},norm=pre", {}).model.ffn_size
+
+  def point(v):
+    over = {**base, **BLOCKS[v["block"]], "model.ffn_size": (
+        glu_ffn_size(plain_ffn) if v["block"] == "modern" else plain_ffn)}
+    arg = f"size={size},objective=mlm,norm=pre"
+    if scale != "base":
+      arg, over["seed"] = arg + ",runlocal", v["seed"]
+    return PointSpec(arg, over, finetune)
+
+  return Grid("old_vs_new_block", "BERT's block vs ModernBERT's at equal FLOPs",
+              _drop_single_seed(expand({"block": list(BLOCKS), "seed": list(range(nseeds))},
+                                       point)),
+              anchor=BLOCK_ANCHOR, curve_keys=("mlm_loss",))
 
 
 def _drop_single_seed(points: tuple[Point, ...]) -> tuple[Point, ...]:
@@ -503,6 +590,7 @@ GRIDS: dict[str, Callable[..., Grid]] = {
     "norm_lr_warmup": norm_lr_warmup,
     "static_vs_dynamic": static_vs_dynamic,
     "generator_size": generator_size,
+    "old_vs_new_block": old_vs_new_block,
 }
 
 

@@ -12,11 +12,12 @@ largest gradients, so a large learning rate without warm-up moves them most), wh
 pre-LN Transformer it is about the same in every layer and shrinks as the stack deepens
 (Theorem 1: O(d sqrt(ln d)) for post-LN's last layer, O(d sqrt(ln d / L)) for pre-LN's).
 
-Each (depth, norm, seed) builds the demo recipe's encoder (configs/pretrain.py:runlocal: the
-demo corpus and vocabulary, rows of 64 in batches of 16, ALiBi, AdamW with global-norm
-clipping at 1.0), narrowed to --width with --depth layers, and trains it --steps steps with the
-trainer's one step (encoder_jax.train.step.make_step, adding per-layer norms of the gradients
-before clipping). Recorded: at every step in --record_at the norm of the gradient of each
+Each (depth, norm, seed) builds the demo recipe's encoder with the block its committed
+results ran on (configs/pretrain.py:runlocal,block=alibi: the demo corpus and vocabulary, rows
+of 64 in batches of 16, ALiBi, AdamW with global-norm clipping at 1.0), narrowed to --width
+with --depth layers, and trains it --steps steps with the trainer's one step
+(encoder_jax.train.step.make_step, adding per-layer norms of the gradients before clipping).
+Recorded: at every step in --record_at the norm of the gradient of each
 layer's FFN output kernel (W2) and of the whole layer; at every step the loss and the global
 gradient norm. A point whose loss turns non-finite stops there and is reported diverged.
 
@@ -110,7 +111,7 @@ def per_layer_norms(grads) -> dict:
 def point_config(depth: int, norm: str, seed: int, width: int, lr: float, warmup: int,
                  schedule_steps: int, initializer_range: float = 0.02):
   from configs import pretrain
-  config = pretrain.get_config(f"runlocal,norm={norm}")
+  config = pretrain.get_config(f"runlocal,block=alibi,norm={norm}")
   config.model.update(dict(num_layers=depth, hidden_size=width, ffn_size=4 * width,
                            num_heads=max(1, width // 16), scan_layers="True",
                            initializer_range=initializer_range))

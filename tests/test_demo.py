@@ -59,3 +59,63 @@ def test_a_finished_run_evaluated_again_adds_no_point_to_the_curve(tmp_path):
   curve = demo.learning_curve(run)
   assert [c["step"] for c in curve] == [1000, 2000]
   assert curve[-1]["minutes"] == pytest.approx((0.1 * 2000 + 2.0) / 60)  # the original row
+
+
+# ---------------------------------------------------------------- step 3: the transformers export
+
+@pytest.fixture(scope="module")
+def modern_run(tmp_path_factory):
+  """A 2-step run of the demo recipe's block (configs/pretrain.py runlocal's model switches) at
+  the trainer tests' tiny width, on their corpus."""
+  import loop_helpers  # pylint: disable=g-import-not-at-top
+  from configs import pretrain  # pylint: disable=g-import-not-at-top
+  from encoder_jax.train import loop  # pylint: disable=g-import-not-at-top
+  env = loop_helpers.make_env(tmp_path_factory.mktemp("demo_export_env"))
+  config = loop_helpers.tiny_config(env, steps=2, checkpoint_every=2, eval_every=0)
+  block = {k: v for k, v in pretrain.get_config("runlocal").model.items()
+           if k in pretrain.DEMO_BLOCK or k == "norm_first"}
+  # two layers: layer 1 attends within the recipe's window (16 of the rows' 32 tokens)
+  config.model.update(dict(block, num_layers=2, hidden_dropout=0.0, attention_dropout=0.0))
+  workdir = tmp_path_factory.mktemp("demo_export") / "pretrain"
+  loop.train_and_evaluate(config, str(workdir))
+  return workdir
+
+
+@pytest.mark.parity
+def test_the_demo_ends_with_a_checkpoint_transformers_reloads(modern_run, capsys):
+  """Step 3 writes <workdir>/hf as ModernBertForMaskedLM and prints transformers' reload check
+  (logits within 1e-5); a re-run replaces its own export, and a folder holding anything else
+  is left as it is."""
+  import re  # pylint: disable=g-import-not-at-top
+  pytest.importorskip("transformers")
+  workdir = modern_run.parent
+  first = demo.export_checkpoint(modern_run, workdir, None)
+  printed = capsys.readouterr().out
+  assert first["exported"] and first["hf_class"] == ["ModernBertForMaskedLM"]
+  assert "config.json" in first["files"] and "model.safetensors" in first["files"]
+  check = [l for l in printed.splitlines() if l.startswith("[3/3] export: reload check: ")]
+  assert len(check) == 1 and first["reload_check"] == [check[0].removeprefix("[3/3] ")]
+  assert float(re.search(r"difference\| (\S+)", check[0]).group(1)) <= 1e-5, check
+  assert "AutoModelForMaskedLM" in "\n".join(demo.export_lines(first))
+  # the demo run again: its own export is replaced by a new one of the same checkpoint
+  again = demo.export_checkpoint(modern_run, workdir, first)
+  assert again["exported"] and again["files"] == first["files"]
+  # ... but not a folder that holds something the export did not write
+  (workdir / "hf" / "notes.txt").write_text("mine")
+  kept = demo.export_checkpoint(modern_run, workdir, again)
+  assert not kept["exported"] and (workdir / "hf" / "notes.txt").read_text() == "mine"
+  assert "left " in capsys.readouterr().out
+
+
+def test_without_transformers_the_demo_prints_the_command_that_checks(modern_run, tmp_path,
+                                                                       capsys, monkeypatch):
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec",
+                      lambda name, *a: None if name in ("torch", "transformers") else real(name))
+  record = demo.export_checkpoint(modern_run, tmp_path, None)
+  out = capsys.readouterr().out
+  assert record["exported"] and record["reload_check"] == []
+  assert (f"bash run.sh python -m encoder_jax.convert.export --workdir={modern_run} "
+          f"--out={tmp_path / 'hf_checked'}") in out
+  assert "Reload check not run" in "\n".join(demo.export_lines(record))

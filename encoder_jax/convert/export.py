@@ -29,11 +29,12 @@ a few rows of text (fp32, right padding, real tokens): the maximum difference is
 one above 1e-4 of the largest output is an error (--nocheck skips it). The last lines printed
 name the Auto class.
 
-A run no HF family represents (pre-LN blocks, ALiBi position bias, ...: the demo recipe,
-configs/pretrain.py:runlocal, is both) is refused in one line naming the switches with no
-transformers equivalent and the nearest configuration that exports, before any checkpoint is
-read or anything is written to --out. Such a run is fine-tuned by encoder_jax itself:
-init=ckpt:<workdir> loads its checkpoint as trained (encoder_jax.train.pretrained).
+A run no HF family represents (BERT's block pre-LN, ALiBi position bias, ...: the demo recipe's
+former block, configs/pretrain.py:runlocal,block=alibi, has both; the demo recipe itself is
+ModernBERT's block and exports as ModernBertForMaskedLM) is refused in one line naming the
+switches with no transformers equivalent and the nearest configuration that exports, before any
+checkpoint is read or anything is written to --out. Such a run is fine-tuned by encoder_jax
+itself: init=ckpt:<workdir> loads its checkpoint as trained (encoder_jax.train.pretrained).
 
 The workdir is read through encoder_jax.paths (etils.epath): a local folder or gs://, where
 runs live. --out is a local folder (what from_pretrained reads); a gs:// --out is refused.

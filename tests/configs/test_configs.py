@@ -58,6 +58,31 @@ def test_dropout_presets_and_the_attention_path_they_train_with(arg, dropouts, t
     pretrain.get_config("dropout=mosaic")
 
 
+def test_the_demo_recipe_is_modernberts_block_and_exports():
+  """runlocal's block (block=modern, the default) is one transformers holds: export writes it
+  as ModernBertForMaskedLM. Its gated FFN of 344 costs what the plain FFN of 512 did (three
+  128 x 344 matrices to two 128 x 512). block=alibi is the recipe before, which none holds."""
+  from encoder_jax import hf as load
+  from encoder_jax.objectives.pretraining import ObjectiveConfig
+  demo = to_model_config(pretrain.get_config("runlocal"))
+  family, gaps = load.exporting_family(demo, ObjectiveConfig())
+  assert family is not None and family.name == "ModernBERT", gaps
+  assert (demo.num_layers, demo.hidden_size, demo.num_heads) == (2, 128, 8)
+  assert demo.glu and demo.rope and not demo.learned_positions and demo.position_bias == "none"
+  assert demo.ffn_size == 344 and abs(3 * 344 - 2 * 512) / (2 * 512) < 0.01
+  assert demo.local_window == 16 and demo.global_layers == (True, False)
+  old = to_model_config(pretrain.get_config("runlocal,block=alibi"))
+  assert (old.position_bias, old.ffn_size, old.glu, old.learned_positions) == (
+      "alibi", 512, False, True)
+  assert load.exporting_family(old, ObjectiveConfig())[0] is None
+  # post-LN keeps layer 0's own attention norm (the embedding norm stands in only pre-LN)
+  assert to_model_config(pretrain.get_config("runlocal,norm=post")).first_attn_norm
+  with pytest.raises(ValueError, match="block=alibi picks the demo recipe's block: add runlocal"):
+    pretrain.get_config("block=alibi")
+  with pytest.raises(ValueError, match=r"block='bert'; choose one of \['modern', 'alibi'\]"):
+    pretrain.get_config("runlocal,block=bert")
+
+
 @pytest.mark.parametrize("bf16_cpu", [True, False])
 def test_the_demo_recipe_picks_its_matmuls_and_attention_by_cpu(monkeypatch, bf16_cpu):
   # precision=auto: bf16 matmuls where the CPU multiplies bf16, and then the explicit attention

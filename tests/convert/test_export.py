@@ -292,11 +292,11 @@ def test_help_names_the_auto_class_of_each_run_shape():
 
 
 def test_a_pre_ln_alibi_run_is_refused_in_one_line(tmp_path):
-  """The demo recipe (configs/pretrain.py:runlocal: pre-LN, ALiBi, 8 heads) has no HF
-  equivalent: one line names both switches and the nearest configuration that exports,
-  before any checkpoint is read (this run's checkpoints/ is empty) and with nothing written
-  to --out."""
-  config = loop_helpers.pretrain.get_config("runlocal=True")  # configs/pretrain.py
+  """The demo recipe's former block (configs/pretrain.py:runlocal,block=alibi: pre-LN, ALiBi,
+  8 heads) has no HF equivalent: one line names both switches and the nearest configuration
+  that exports, before any checkpoint is read (this run's checkpoints/ is empty) and with
+  nothing written to --out."""
+  config = loop_helpers.pretrain.get_config("runlocal=True,block=alibi")  # configs/pretrain.py
   assert config.model.norm_first and config.model.position_bias == "alibi"
   workdir, out = tmp_path / "run", tmp_path / "hf"
   (workdir / "checkpoints").mkdir(parents=True)

@@ -182,7 +182,7 @@ def test_without_attention_dropout_the_tpu_step_runs_the_pallas_flash_kernel(com
 
 
 def test_rows_the_kernel_cannot_tile_fall_back_to_xla_attention(compiled):
-  r = compiled["untileable_rows"]  # the demo's rows of 64 tokens, ALiBi
+  r = compiled["untileable_rows"]  # the demo recipe's rows of 64 tokens
   assert r["xla_attention"] and not r["pallas"] and not r["mosaic"]
 
 
