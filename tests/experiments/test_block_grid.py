@@ -61,7 +61,7 @@ def test_arms_differ_in_the_block_only_at_equal_flops(scale):
 def test_demo_arms_are_berts_block_and_modernberts():
   """The old arm has none of the block switches (pre-LN BERT with a learned position table);
   the new one is exactly what HF ModernBERT computes (it exports), windows aside."""
-  from encoder_jax.convert import hf_modernbert
+  from encoder_jax.hf import modernbert as hf_modernbert
   from encoder_jax.model.config import bert_block_departures
   from encoder_jax.train.setup import model_config
   points = {p.labels["block"]: p for p in grids.old_vs_new_block("demo").points
