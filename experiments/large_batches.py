@@ -71,8 +71,10 @@ DEMO_MICRO_BATCH = 16  # the demo recipe's rows of 64 per step call
 DEMO_STEPS = 2048
 DEMO_EVALS = 4  # held-out evaluations per point, at each quarter
 DEMO_WARMUP_TOKENS = 100 * DEMO_MICRO_BATCH * 64  # the demo recipe's warm-up: 100 updates of 16
-# Rows of 512 per step call at base scale: 128 a chip on a v4-32 (an estimate: not compiled
-# here); the 8K point accumulates 4 such calls per update.
+# Rows of 512 per step call at base scale; the 8K point accumulates 4 such calls per update. On
+# a v4-32 (32 devices of 16 GiB, FSDP) that is 64 rows a device: ~13 GiB by scaling
+# bench/results/tpu_aot.csv's BERT-large s512 row (4.5 GiB a device for 8 rows; BERT-base holds
+# ~3/8 of its activations a token). An estimate, not compiled here: lower it on smaller slices.
 BASE_MICRO_BATCH = 2048
 BASE_X1 = 256  # BERT-base's batch (Table 3's first row)
 BASE_WARMUP_X1 = 10_000  # BERT's warm-up, in updates of 256
