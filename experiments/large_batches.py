@@ -36,7 +36,8 @@ only in how the gradients are grouped into updates and in the schedule. The x64 
 DEMO_STEPS / 64 updates. The same 32 held-out batches are scored at each quarter of the run.
 Accumulation is no slower per token than a real batch on this CPU (measured 2026-12-07 on the
 2-core machine: 2.6k tokens/s at 16 rows, 2.0-2.4k at 128), and keeps the held-out batches and
-the FLOPs per call of the x1 point.
+the FLOPs per call of the x1 point. DEMO_CONTROLS adds the large batches at the x1 point's
+learning rate (one seed each): whether a scaled learning rate or the fewer updates decide.
 
 Base scale: the paper's three rows, BERT-base on rows of 512, FULL-SENTENCES without NSP,
 dynamic masking (Section 4's setting; `_roberta_base` in experiments.grids), b2 0.98 for all
@@ -69,6 +70,10 @@ DEMO_MICRO_BATCH = 16  # the demo recipe's rows of 64 per step call
 # there (2026-12-07), ~15 min a point plus ~7 min of fine-tuning, 6 points in ~2.3 h. The demo
 # recipe itself trains 15.4M tokens and leaves the unigram plateau within ~1M (experiments.grids).
 DEMO_STEPS = 2048
+# Controls: these batch multiples also at the x1 point's learning rate (one pre-training seed),
+# which tells a learning rate too high for the recipe from too few updates. Added after the
+# first run, 2026-12-07, where x8 at lr x7 ended on the unigram plateau.
+DEMO_CONTROLS = (8, 64)
 DEMO_EVALS = 4  # held-out evaluations per point, at each quarter
 DEMO_WARMUP_TOKENS = 100 * DEMO_MICRO_BATCH * 64  # the demo recipe's warm-up: 100 updates of 16
 # Rows of 512 per step call at base scale; the 8K point accumulates 4 such calls per update. On
@@ -103,11 +108,15 @@ def large_batches(scale: str = "demo", data_source: str = "") -> Grid:
     raise ValueError(f"large_batches: scale={scale!r}; it has a demo scale (the CPU "
                      "reproduction) and a base scale (the paper's rows, for a pod).")
   x1 = DEMO_MICRO_BATCH if scale == "demo" else BASE_X1
-  pairs = {(m, lr_of(base_lr, m)) for m in multiples}  # each batch at its own lr only
+  pairs = {(m, lr_of(base_lr, m)) for m in multiples}  # each batch at its own lr ...
+  controls = {(m, base_lr) for m in DEMO_CONTROLS} if scale == "demo" else set()
 
   def point(v):
     m = v["batch"] // x1
-    if (m, v["lr"]) not in pairs:
+    if (m, v["lr"]) in controls - pairs:  # ... and the controls at x1's, on seed 0 only
+      if v["seed"]:
+        return None
+    elif (m, v["lr"]) not in pairs:
       return None
     over = _demo_overrides(m) if scale == "demo" else _base_overrides(m, data_source)
     over["optim.learning_rate"] = v["lr"]

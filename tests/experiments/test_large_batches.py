@@ -12,9 +12,9 @@ import pytest
 from experiments import grids, large_batches as lb, report, runner
 
 
-def _by_multiple(grid, x1):
+def _by_multiple(points, x1):
   out = {}
-  for p in grid.points:
+  for p in points:
     out.setdefault(int(p.labels["batch"]) // x1, []).append(p)
   return out
 
@@ -23,11 +23,18 @@ def test_demo_points_see_equal_tokens_and_scale_lr_and_warmup_with_the_batch():
   g = grids.get_grid("large_batches", "demo")
   assert grids.GRIDS["large_batches"] is grids.large_batches
   recipe = grids.resolve_config("size=tiny,objective=mlm,runlocal", {})
-  arms = _by_multiple(g, lb.DEMO_MICRO_BATCH)
+  lr1 = recipe.optim.learning_rate
+  # the controls: x8 and x64 also at the x1 lr, one pre-training seed each
+  controls = [p for p in g.points if int(p.labels["batch"]) > 16 and float(p.labels["lr"]) == lr1]
+  assert [p.name for p in controls] == ["seed=0,batch=128,lr=0.002", "seed=0,batch=1024,lr=0.002"]
+  arms = _by_multiple([p for p in g.points if p not in controls], lb.DEMO_MICRO_BATCH)
   assert sorted(arms) == [1, 8, 64]
   # two pre-training seeds an arm, the seeds slowest (every arm's seed 0 runs first)
-  assert [p.labels["seed"] for p in g.points] == ["0"] * 3 + ["1"] * 3
+  assert [p.labels["seed"] for p in g.points] == ["0"] * 5 + ["1"] * 3
   tokens = set()
+  for c in controls:  # only the learning rate differs from the scaled arm of its batch
+    scaled = next(p for p in arms[int(c.labels["batch"]) // 16] if p.labels["seed"] == "0")
+    assert c.overrides == {**scaled.overrides, "optim.learning_rate": lr1}
   for m, points in arms.items():
     assert sorted(int(p.labels["seed"]) for p in points) == [0, 1]
     for p in points:
@@ -43,8 +50,7 @@ def test_demo_points_see_equal_tokens_and_scale_lr_and_warmup_with_the_batch():
       # the held-out evaluations fall on update boundaries, DEMO_EVALS of them
       assert cfg.train.eval_every % m == 0 and p.steps // cfg.train.eval_every == lb.DEMO_EVALS
       # the paper's ratios: x8 -> x7 (256 -> 2K: 1e-4 -> 7e-4), x64 -> x12 (see LR_RATIO)
-      assert cfg.optim.learning_rate == pytest.approx(
-          recipe.optim.learning_rate * {1: 1, 8: 7, 64: 12}[m])
+      assert cfg.optim.learning_rate == pytest.approx(lr1 * {1: 1, 8: 7, 64: 12}[m])
       assert float(p.labels["lr"]) == pytest.approx(cfg.optim.learning_rate)
       # warm-up over the recipe's 100 updates of 16 rows, in tokens (rounded up to an update)
       warm_tokens = cfg.optim.warmup_steps * m * 16 * 64
@@ -89,8 +95,9 @@ def test_base_points_are_the_papers_rows_at_equal_compute():
 
 def test_dry_run_keeps_the_accumulation_and_makes_three_updates():
   d = grids.dry_run(grids.get_grid("large_batches"))
-  assert [p.name for p in d.points] == ["seed=0,batch=16,lr=0.002", "seed=0,batch=128,lr=0.014",
-                                        "seed=0,batch=1024,lr=0.024"]
+  # lr only changes numbers: one point per batch (the first, here the control at x1's lr)
+  assert [p.name for p in d.points] == ["seed=0,batch=16,lr=0.002", "seed=0,batch=128,lr=0.002",
+                                        "seed=0,batch=1024,lr=0.002"]
   for p, k in zip(d.points, (1, 8, 64)):
     cfg = p.config()
     assert cfg.optim.accumulation_steps == k and p.steps == 3 * k
