@@ -36,8 +36,9 @@ only in how the gradients are grouped into updates and in the schedule. The x64 
 DEMO_STEPS / 64 updates. The same 32 held-out batches are scored at each quarter of the run.
 Accumulation is no slower per token than a real batch on this CPU (measured 2026-12-07 on the
 2-core machine: 2.6k tokens/s at 16 rows, 2.0-2.4k at 128), and keeps the held-out batches and
-the FLOPs per call of the x1 point. DEMO_CONTROLS adds the large batches at the x1 point's
-learning rate (one seed each): whether a scaled learning rate or the fewer updates decide.
+the FLOPs per call of the x1 point. DEMO_CONTROLS adds the large batches at other learning
+rates (one seed each): the x1 point's, and x3 at x8 (about the square-root rule's sqrt(8) =
+2.83): whether the learning rate or the fewer updates decide.
 
 Base scale: the paper's three rows, BERT-base on rows of 512, FULL-SENTENCES without NSP,
 dynamic masking (Section 4's setting; `_roberta_base` in experiments.grids), b2 0.98 for all
@@ -70,10 +71,11 @@ DEMO_MICRO_BATCH = 16  # the demo recipe's rows of 64 per step call
 # there (2026-12-07), ~15 min a point plus ~7 min of fine-tuning, 6 points in ~2.3 h. The demo
 # recipe itself trains 15.4M tokens and leaves the unigram plateau within ~1M (experiments.grids).
 DEMO_STEPS = 2048
-# Controls: these batch multiples also at the x1 point's learning rate (one pre-training seed),
-# which tells a learning rate too high for the recipe from too few updates. Added after the
-# first run, 2026-12-07, where x8 at lr x7 ended on the unigram plateau.
-DEMO_CONTROLS = (8, 64)
+# Controls: batch multiple -> other learning-rate multiples of the x1 point's it also runs at
+# (one pre-training seed each), which tell a learning rate too high for the recipe from too few
+# updates. Added during the first run, 2026-12-07: x8 at lr x7 ended on the unigram plateau,
+# x8 at x1 (the x1 point's lr) left it but ended far above the x1 point; x3 lies between.
+DEMO_CONTROLS = {8: (1.0, 3.0), 64: (1.0,)}
 DEMO_EVALS = 4  # held-out evaluations per point, at each quarter
 DEMO_WARMUP_TOKENS = 100 * DEMO_MICRO_BATCH * 64  # the demo recipe's warm-up: 100 updates of 16
 # Rows of 512 per step call at base scale; the 8K point accumulates 4 such calls per update. On
@@ -109,11 +111,12 @@ def large_batches(scale: str = "demo", data_source: str = "") -> Grid:
                      "reproduction) and a base scale (the paper's rows, for a pod).")
   x1 = DEMO_MICRO_BATCH if scale == "demo" else BASE_X1
   pairs = {(m, lr_of(base_lr, m)) for m in multiples}  # each batch at its own lr ...
-  controls = {(m, base_lr) for m in DEMO_CONTROLS} if scale == "demo" else set()
+  controls = ({(m, float(f"{base_lr * r:.6g}")) for m, rs in DEMO_CONTROLS.items() for r in rs}
+              if scale == "demo" else set())
 
   def point(v):
     m = v["batch"] // x1
-    if (m, v["lr"]) in controls - pairs:  # ... and the controls at x1's, on seed 0 only
+    if (m, v["lr"]) in controls - pairs:  # ... and the controls, on seed 0 only
       if v["seed"]:
         return None
     elif (m, v["lr"]) not in pairs:
@@ -127,7 +130,7 @@ def large_batches(scale: str = "demo", data_source: str = "") -> Grid:
 
   # seed slowest: every arm's first seed finishes before any second seed starts
   axes = {"seed": list(range(nseeds)), "batch": [x1 * m for m in multiples],
-          "lr": [lr_of(base_lr, m) for m in multiples]}
+          "lr": sorted({lr for _, lr in pairs | controls})}
   return Grid("large_batches", "large batches at equal tokens",
               grids._drop_single_seed(expand(axes, point)),  # pylint: disable=protected-access
               anchor=ANCHOR, curve_keys=("mlm_loss",), perplexity=True)

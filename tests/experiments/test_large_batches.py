@@ -24,17 +24,21 @@ def test_demo_points_see_equal_tokens_and_scale_lr_and_warmup_with_the_batch():
   assert grids.GRIDS["large_batches"] is grids.large_batches
   recipe = grids.resolve_config("size=tiny,objective=mlm,runlocal", {})
   lr1 = recipe.optim.learning_rate
-  # the controls: x8 and x64 also at the x1 lr, one pre-training seed each
-  controls = [p for p in g.points if int(p.labels["batch"]) > 16 and float(p.labels["lr"]) == lr1]
-  assert [p.name for p in controls] == ["seed=0,batch=128,lr=0.002", "seed=0,batch=1024,lr=0.002"]
+  # the controls: x8 and x64 also at the x1 lr, x8 at x3 (~ the square-root rule), one
+  # pre-training seed each
+  scaled_lr = {16: lr1, 128: 7 * lr1, 1024: 12 * lr1}
+  controls = [p for p in g.points
+              if float(p.labels["lr"]) != pytest.approx(scaled_lr[int(p.labels["batch"])])]
+  assert [p.name for p in controls] == ["seed=0,batch=128,lr=0.002", "seed=0,batch=128,lr=0.006",
+                                        "seed=0,batch=1024,lr=0.002"]
   arms = _by_multiple([p for p in g.points if p not in controls], lb.DEMO_MICRO_BATCH)
   assert sorted(arms) == [1, 8, 64]
   # two pre-training seeds an arm, the seeds slowest (every arm's seed 0 runs first)
-  assert [p.labels["seed"] for p in g.points] == ["0"] * 5 + ["1"] * 3
+  assert [p.labels["seed"] for p in g.points] == ["0"] * 6 + ["1"] * 3
   tokens = set()
   for c in controls:  # only the learning rate differs from the scaled arm of its batch
     scaled = next(p for p in arms[int(c.labels["batch"]) // 16] if p.labels["seed"] == "0")
-    assert c.overrides == {**scaled.overrides, "optim.learning_rate": lr1}
+    assert c.overrides == {**scaled.overrides, "optim.learning_rate": float(c.labels["lr"])}
   for m, points in arms.items():
     assert sorted(int(p.labels["seed"]) for p in points) == [0, 1]
     for p in points:
