@@ -125,6 +125,9 @@ class Grid:
   curve_keys: tuple[str, ...] = ("mlm_loss",)
   facet: tuple[str, ...] = ()  # axes that split the loss plot into panels (the rest = lines)
   stall_loss: float | None = None  # final eval curve value at/above this = "stalled"
+  # Report the held-out curve loss and its exp, the perplexity RoBERTa's Table 3 reports, in
+  # the tables (over pre-training seeds and the differences too) and along the run in a plot.
+  perplexity: bool = False
 
   def __post_init__(self):
     names = [p.name for p in self.points]

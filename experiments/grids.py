@@ -1,5 +1,6 @@
 """The ablation grids: ELECTRA vs MLM, ELECTRA's generator size, NSP and input formats, post-
-vs pre-LN, static vs dynamic masking, BERT's block vs ModernBERT's.
+vs pre-LN, static vs dynamic masking, (f) BERT's block vs ModernBERT's, and (g) large batches at
+equal tokens (its own module, experiments/large_batches.py, registered here).
 
 Each grid exists at three scales:
   demo  what this repo's CPU reproductions ran (experiments/results/<grid>/; results of an older
@@ -583,6 +584,13 @@ def _drop_single_seed(points: tuple[Point, ...]) -> tuple[Point, ...]:
   return tuple(out)
 
 
+def large_batches(scale: str = "demo", data_source: str = "") -> Grid:
+  """(g) RoBERTa's Table 3: batch x1 / x8 / x64 at equal tokens, the learning rate scaled with
+  the batch (experiments.large_batches; demo and base scales)."""
+  from experiments import large_batches as lb  # it builds on this module's helpers
+  return lb.large_batches(scale, data_source)
+
+
 GRIDS: dict[str, Callable[..., Grid]] = {
     "electra_vs_mlm": electra_vs_mlm,
     "electra_curve": electra_curve,
@@ -591,6 +599,7 @@ GRIDS: dict[str, Callable[..., Grid]] = {
     "static_vs_dynamic": static_vs_dynamic,
     "generator_size": generator_size,
     "old_vs_new_block": old_vs_new_block,
+    "large_batches": large_batches,
 }
 
 
@@ -605,7 +614,8 @@ def get_grid(name: str, scale: str = "demo", data_source: str = "") -> Grid:
 # Every point shrunk to a CPU smoke test of its own code path: a 1 x 32 encoder (float32, XLA
 # attention), 3 steps of 4 rows of 32 tokens, one held-out batch, one fine-tuning seed on 16
 # rows of each task. Axes, objectives, formats, masking and schedules stay the point's own
-# (a warm-up of 0 stays 0, any other becomes 1 step: no warm-up is its own schedule).
+# (a warm-up of 0 stays 0, any other becomes 1 step: no warm-up is its own schedule). A point
+# that accumulates k micro-batches per update keeps k and makes 3 updates (3k calls).
 DRY_RUN_PRETRAIN = {
     "model.num_layers": 1, "model.hidden_size": 32, "model.num_heads": 2, "model.ffn_size": 64,
     "model.embedding_size": 32, "model.dtype": "float32", "model.attention_impl": "xla",
@@ -635,8 +645,11 @@ def dry_run(grid: Grid) -> Grid:
                                                                 **DRY_RUN_FINETUNE})
                      for j in (jobs[i % len(jobs):][:1] if jobs else ()))
     warmup = min(p.config().optim.warmup_steps, 1)
+    k = p.config().optim.accumulation_steps
+    calls = {key: DRY_RUN_PRETRAIN[key] * k for key in (
+        "train.steps", "train.log_every", "train.eval_every", "train.checkpoint_every")}
     return make_point(p.labels, PointSpec(p.pretrain_arg, {
-        **p.overrides, **DRY_RUN_PRETRAIN, "optim.warmup_steps": warmup}, finetune))
+        **p.overrides, **DRY_RUN_PRETRAIN, **calls, "optim.warmup_steps": warmup}, finetune))
   seen, points = set(), []
   for p in grid.points:
     family = tuple((k, v) for k, v in p.labels.items() if k not in DRY_RUN_SHARED_AXES)

@@ -2,7 +2,8 @@
 
   rows = collect(grid, workdir)            # one dict per point, from files only
   write_report(grid, workdir, out_dir)     # results.csv, results.md, loss_vs_flops.png,
-                                           # downstream_vs_flops.png (grids with fine-tuning)
+                                           # downstream_vs_flops.png (grids with fine-tuning),
+                                           # heldout_vs_flops.png (grids with perplexity)
 
 results.md opens with the commit and date of the runs behind it and every recorded invocation
 (from <out_dir>/provenance.json, which experiments.run appends to: experiments.provenance).
@@ -110,6 +111,8 @@ def collect(grid: Grid, workdir, points: Sequence[Point] | None = None) -> list[
     row["final_train_curve"] = pts[-1][1] if pts else math.nan
     ekey, epts = curve(grid, point, rows, "eval")
     row["final_eval_curve"] = epts[-1][1] if epts else math.nan
+    if grid.perplexity:
+      row["eval_perplexity"] = math.exp(row["final_eval_curve"])  # NaN stays NaN
     final_eval = summary.get("final_eval") or {}
     for k in ("mlm_accuracy", "main_accuracy", "gen_accuracy", "disc_accuracy",
               "disc_precision", "disc_recall", "nsp_accuracy"):
@@ -193,10 +196,11 @@ def markdown(grid: Grid, rows: list[dict]) -> str:
   axes = list(grid.points[0].labels) if grid.points else []
   tasks = job_keys(grid)
   head = axes + ["status", "steps", "train FLOPs", "final train loss", "final eval loss"]
-  extra = [k for k in ("eval_mlm_accuracy", "eval_gen_accuracy", "eval_main_accuracy",
-                       "eval_disc_accuracy", "eval_disc_precision", "eval_disc_recall",
-                       "eval_nsp_accuracy", "eval_at_mask_accuracy", "unigram_at_mask_accuracy",
-                       "gap_at_mask", "disc_vs_prior") if any(k in r for r in rows)]
+  extra = [k for k in ("eval_perplexity", "eval_mlm_accuracy", "eval_gen_accuracy",
+                       "eval_main_accuracy", "eval_disc_accuracy", "eval_disc_precision",
+                       "eval_disc_recall", "eval_nsp_accuracy", "eval_at_mask_accuracy",
+                       "unigram_at_mask_accuracy", "gap_at_mask", "disc_vs_prior")
+           if any(k in r for r in rows)]
   head += [_COLUMN.get(k, k.replace("eval_", "eval ").replace("_", " ")) for k in extra]
   for t in tasks:
     metric = next((r[f"{t}_metric"] for r in rows if r.get(f"{t}_metric")), "score")
@@ -225,10 +229,16 @@ def markdown(grid: Grid, rows: list[dict]) -> str:
             "for MLM, the discriminator's main_loss for Replace-MLM, the generator's gen_loss "
             "for ELECTRA; RTD losses are not on the MLM scale). Downstream: median over "
             "fine-tuning seeds, [min, max] over seeds, n seeds."]
+  if grid.perplexity:
+    lines += ["", "eval perplexity: exp of the final held-out loss (the MLM loss over every "
+              "prediction target: masked, random and kept inputs alike), on the same held-out "
+              "batches for every point: the perplexity of RoBERTa's Table 3, per token of this "
+              "vocabulary and corpus (so its value does not compare with the paper's)."]
   return "\n".join(lines)
 
 
-_COLUMN = {"eval_at_mask_accuracy": "eval acc at [MASK]",
+_COLUMN = {"eval_perplexity": "eval perplexity",
+           "eval_at_mask_accuracy": "eval acc at [MASK]",
            "unigram_at_mask_accuracy": "unigram acc at [MASK]",
            "gap_at_mask": "nats below unigram at [MASK]",
            "disc_vs_prior": "disc loss / prior entropy"}
@@ -250,14 +260,19 @@ def seed_table(grid: Grid, rows: list[dict], tasks: list[str]) -> list[str]:
   for r in rows:
     arms.setdefault(tuple(r[a] for a in axes), []).append(r)
   rtd = any("disc_vs_prior" in r for r in rows)
-  head = axes + ["pre-training seeds", "eval acc at [MASK]", "nats below unigram at [MASK]"]
+  head = axes + ["pre-training seeds"]
+  head += ["eval loss", "eval perplexity"] if grid.perplexity else []
+  head += ["eval acc at [MASK]", "nats below unigram at [MASK]"]
   head += ["disc loss / prior entropy"] if rtd else []
   head += [f"{t} (all seeds pooled: median [min, max], n)" for t in tasks]
   lines = ["#### Over pre-training seeds", "", "| " + " | ".join(head) + " |",
            "|" + "---|" * len(head)]
   for key, group in arms.items():
-    cells = list(key) + [
-        f"{len(group)} ({', '.join(str(r['status']) for r in group)})",
+    cells = list(key) + [f"{len(group)} ({', '.join(str(r['status']) for r in group)})"]
+    if grid.perplexity:
+      cells += [_spread([r["final_eval_curve"] for r in group]),
+                _spread([r.get("eval_perplexity", math.nan) for r in group])]
+    cells += [
         _spread([r.get("eval_at_mask_accuracy", math.nan) for r in group]),
         _spread([r.get("gap_at_mask", math.nan) for r in group])]
     if rtd:
@@ -302,9 +317,11 @@ def difference_table(grid: Grid, rows: list[dict], tasks: list[str], resamples: 
     if r["status"] in ("done", "stalled"):
       arms.setdefault(tuple(r[a] for a in axes), []).append(r)
   measures = [("gap_at_mask", "nats below unigram at [MASK]")] + [(t, t) for t in tasks]
+  if grid.perplexity:  # the held-out loss itself (a difference of log-perplexities)
+    measures.insert(0, ("final_eval_curve", "eval loss"))
 
   def scores(group, m):
-    if m == "gap_at_mask":
+    if m in ("gap_at_mask", "final_eval_curve"):  # one value per pre-training seed
       return [[r[m]] for r in group if m in r and not math.isnan(r[m])]
     return [r[f"_{m}_scores"] for r in group if r.get(f"_{m}_scores")]
   ref_key = tuple(grid.points[0].labels[a] for a in axes)  # the grid's first arm
@@ -335,7 +352,10 @@ def difference_table(grid: Grid, rows: list[dict], tasks: list[str], resamples: 
   return lines
 
 
-def plot_loss(grid: Grid, workdir, path: pathlib.Path, points=None) -> None:
+def plot_loss(grid: Grid, workdir, path: pathlib.Path, points=None, split: str = "train"
+              ) -> None:
+  """The curve of each point against training FLOPs: its train loss, or (split "eval") its
+  held-out evaluations, as perplexity where the grid reports it."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -351,13 +371,16 @@ def plot_loss(grid: Grid, workdir, path: pathlib.Path, points=None) -> None:
   for ax, (fkey, fpoints) in zip(axes.flat, facets.items()):
     for p in fpoints:
       rows = read_curves(runner.point_dir(workdir, p))
-      key, pts = curve(grid, p, rows, "train")
+      key, pts = curve(grid, p, rows, split)
       if not pts:
         continue
       label = ",".join(f"{k}={v}" for k, v in p.labels.items() if k not in grid.facet)
       label += f" ({key})" if len(grid.curve_keys) > 1 else ""
       xs, ys = zip(*pts)
-      line, = ax.plot(xs, ys, label=label or p.name, lw=1.3)
+      if split == "eval" and grid.perplexity:
+        ys = [math.exp(y) for y in ys]
+      line, = ax.plot(xs, ys, "o-" if split == "eval" else "-", label=label or p.name, lw=1.3,
+                      ms=3)
       st = runner.status(workdir, p)
       if st == "diverged":
         ax.plot(xs[-1], ys[-1], "x", color=line.get_color(), ms=10, mew=2)
@@ -372,11 +395,15 @@ def plot_loss(grid: Grid, workdir, path: pathlib.Path, points=None) -> None:
     if i >= n - cols:  # the lowest panel of each column
       ax.set_xlabel("training FLOPs")
       ax.xaxis.set_tick_params(labelbottom=True)
+  what = ("train loss" if split == "train" else
+          "held-out perplexity" if grid.perplexity else "held-out loss")
   for ax in axes[:, 0]:
-    ax.set_ylabel("train loss")
+    ax.set_ylabel(what)
   for ax in list(axes.flat)[n:]:
     ax.set_visible(False)
-  fig.suptitle(f"{grid.title}: pre-training loss vs FLOPs")
+  fig.suptitle(f"{grid.title}: {what} vs FLOPs" if split == "eval"
+               else f"{grid.title}: pre-training loss vs FLOPs",
+               fontsize=11 if split == "eval" else None)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)
@@ -435,6 +462,9 @@ def write_report(grid: Grid, workdir, out_dir, points=None) -> dict[str, pathlib
     md += f"\n\nPublished finding: {grid.anchor}\n"
   files["md"].write_text(md + "\n")
   plot_loss(grid, workdir, files["loss_png"], points)
+  if grid.perplexity:
+    files["heldout_png"] = out / "heldout_vs_flops.png"
+    plot_loss(grid, workdir, files["heldout_png"], points, split="eval")
   if plot_downstream(grid, rows, out / "downstream_vs_flops.png"):
     files["downstream_png"] = out / "downstream_vs_flops.png"
   return files

@@ -9,13 +9,14 @@ r"""One command per grid: run it (resumable), plan it, print launch commands, or
 
 Grids (experiments/grids.py): electra_vs_mlm, nsp_formats, norm_lr_warmup, static_vs_dynamic,
 generator_size, old_vs_new_block; each at --scale=demo (this repo's CPU reproductions),
---scale=gpu (one H100/H200, ~9 min for the first four) or --scale=base (BERT-base, for a TPU pod
-/ GPU cluster); and electra_curve (demo scale only: MLM vs ELECTRA along one long run each,
-analysed by `python -m experiments.crossing`). --grid takes one name, a comma-separated list, or
-`all` (the four main grids; generator_size, old_vs_new_block and electra_curve are named
-explicitly). `run` executes
-unfinished points in order and skips finished ones: kill it at any time and run the same
-command again. The report goes to --out (default
+--scale=gpu (one H100/H200, ~9 min for the first four) or --scale=base (BERT-base, for a TPU
+pod / GPU cluster); electra_curve (demo scale only: MLM vs ELECTRA along one long run each,
+analysed by `python -m experiments.crossing`); and large_batches (RoBERTa's Table 3, demo and
+base scales: experiments/large_batches.py). --grid takes one name, a comma-separated list, or
+`all` (the four main grids; generator_size, old_vs_new_block, electra_curve and large_batches
+are named explicitly).
+`run` executes unfinished points in order and skips finished ones: kill it at any time and run
+the same command again. The report goes to --out (default
 experiments/results/<grid>, <grid>_gpu or <grid>_base, where committed results live); `run`
 and `report` append what produced it (git commit and dirty files, date, command line, the
 grid's configs, host, jax/flax/optax versions) to <out>/provenance.json, one record per
