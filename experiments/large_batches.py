@@ -26,10 +26,11 @@ warms up over the same tokens as its x1 point (the demo recipe's 100 updates of 
 102,400 tokens), i.e. ceil(100 / multiple) updates (13 at x8, 2 at x64). At base scale BERT's
 10,000 updates of 256 likewise become 1,250 at 2K and 313 at 8K.
 
-Demo scale: every point is the demo recipe (configs/pretrain.py:runlocal: tiny pre-LN, ALiBi,
-no dropout, the demo 8k WordPiece vocab, rows of 64, mask rate 0.2, AdamW b2 0.98, clipping at
-1.0; the demo grids' shared base) with micro-batches of 16 rows and optax.MultiSteps
-accumulating 1, 8 or 64 of them per update (optim.accumulation_steps). train.steps counts
+Demo scale: every point is the demo recipe it ran on (configs/pretrain.py:runlocal,block=alibi,
+pinned now that the recipe's own block is ModernBERT's: tiny pre-LN, ALiBi, no dropout, the demo
+8k WordPiece vocab, rows of 64, mask rate 0.2, AdamW b2 0.98, clipping at 1.0; the demo grids'
+shared base) with micro-batches of 16 rows and optax.MultiSteps accumulating 1, 8 or 64 of them
+per update (optim.accumulation_steps). train.steps counts
 micro-batches, so every point makes DEMO_STEPS calls of the same compiled step on the same rows
 in the same order with the same masks (the masks fold in the call index): the points differ
 only in how the gradients are grouped into updates and in the schedule. The x64 point makes
@@ -101,7 +102,7 @@ def large_batches(scale: str = "demo", data_source: str = "") -> Grid:
   fine-tuning seeds on the demo tasks (demo), GLUE + SQuAD (base)."""
   if scale == "demo":
     multiples, nseeds = DEMO_MULTIPLES, 2
-    base_lr = grids.resolve_config("size=tiny,objective=mlm,runlocal", {}).optim.learning_rate
+    base_lr = grids.resolve_config("size=tiny,objective=mlm,runlocal,block=alibi", {}).optim.learning_rate
     finetune = grids._demo_finetune()  # pylint: disable=protected-access
   elif scale == "base":
     multiples, nseeds, base_lr = BASE_MULTIPLES, 1, 1e-4
@@ -125,7 +126,7 @@ def large_batches(scale: str = "demo", data_source: str = "") -> Grid:
     over["optim.learning_rate"] = v["lr"]
     if scale == "demo":
       over["seed"] = v["seed"]
-      return PointSpec("size=tiny,objective=mlm,runlocal", over, finetune)
+      return PointSpec("size=tiny,objective=mlm,runlocal,block=alibi", over, finetune)
     return PointSpec("size=base,objective=mlm", over, finetune)
 
   # seed slowest: every arm's first seed finishes before any second seed starts

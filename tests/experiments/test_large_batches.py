@@ -22,7 +22,7 @@ def _by_multiple(points, x1):
 def test_demo_points_see_equal_tokens_and_scale_lr_and_warmup_with_the_batch():
   g = grids.get_grid("large_batches", "demo")
   assert grids.GRIDS["large_batches"] is grids.large_batches
-  recipe = grids.resolve_config("size=tiny,objective=mlm,runlocal", {})
+  recipe = grids.resolve_config("size=tiny,objective=mlm,runlocal,block=alibi", {})
   lr1 = recipe.optim.learning_rate
   # the controls: x8 and x64 also at the x1 lr, x8 at x3 (~ the square-root rule), one
   # pre-training seed each
