@@ -30,16 +30,16 @@ Demo scale: every point is the demo recipe it ran on (configs/pretrain.py:runloc
 pinned now that the recipe's own block is ModernBERT's: tiny pre-LN, ALiBi, no dropout, the demo
 8k WordPiece vocab, rows of 64, mask rate 0.2, AdamW b2 0.98, clipping at 1.0; the demo grids'
 shared base) with micro-batches of 16 rows and optax.MultiSteps accumulating 1, 8 or 64 of them
-per update (optim.accumulation_steps). train.steps counts
-micro-batches, so every point makes DEMO_STEPS calls of the same compiled step on the same rows
-in the same order with the same masks (the masks fold in the call index): the points differ
-only in how the gradients are grouped into updates and in the schedule. The x64 point makes
-DEMO_STEPS / 64 updates. The same 32 held-out batches are scored at each quarter of the run.
-Accumulation is no slower per token than a real batch on this CPU (measured 2026-12-07 on the
-2-core machine: 2.6k tokens/s at 16 rows, 2.0-2.4k at 128), and keeps the held-out batches and
-the FLOPs per call of the x1 point. DEMO_CONTROLS adds the large batches at other learning
-rates (one seed each): the x1 point's, and x3 at x8 (about the square-root rule's sqrt(8) =
-2.83): whether the learning rate or the fewer updates decide.
+per update (optim.accumulation_steps). train.steps counts micro-batches, so every point makes
+DEMO_STEPS calls of the same compiled step on the same rows in the same order with the same
+masks (the masks fold in the call index): the points differ only in how the gradients are
+grouped into updates and in the schedule. The x64 point makes DEMO_STEPS / 64 updates. The same
+32 held-out batches are scored at each quarter of the run. Accumulation is no slower per token
+than a real batch on this CPU (measured 2026-12-07 on the 2-core machine: 2.6k tokens/s at 16
+rows, 2.0-2.4k at 128), and keeps the held-out batches and the FLOPs per call of the x1 point.
+DEMO_CONTROLS adds the large batches at other learning rates (one seed each): the x1 point's,
+and x3 at x8 (about the square-root rule's sqrt(8) = 2.83): whether the learning rate or the
+fewer updates decide.
 
 Base scale: the paper's three rows, BERT-base on rows of 512, FULL-SENTENCES without NSP,
 dynamic masking (Section 4's setting; `_roberta_base` in experiments.grids), b2 0.98 for all
@@ -76,6 +76,8 @@ DEMO_STEPS = 2048
 # (one pre-training seed each), which tell a learning rate too high for the recipe from too few
 # updates. Added during the first run, 2026-12-07: x8 at lr x7 ended on the unigram plateau,
 # x8 at x1 (the x1 point's lr) left it but ended far above the x1 point; x3 lies between.
+# The demo recipe's former block (ALiBi), which the committed points ran on.
+DEMO_RECIPE = "size=tiny,objective=mlm,runlocal,block=alibi"
 DEMO_CONTROLS = {8: (1.0, 3.0), 64: (1.0,)}
 DEMO_EVALS = 4  # held-out evaluations per point, at each quarter
 DEMO_WARMUP_TOKENS = 100 * DEMO_MICRO_BATCH * 64  # the demo recipe's warm-up: 100 updates of 16
@@ -102,7 +104,7 @@ def large_batches(scale: str = "demo", data_source: str = "") -> Grid:
   fine-tuning seeds on the demo tasks (demo), GLUE + SQuAD (base)."""
   if scale == "demo":
     multiples, nseeds = DEMO_MULTIPLES, 2
-    base_lr = grids.resolve_config("size=tiny,objective=mlm,runlocal,block=alibi", {}).optim.learning_rate
+    base_lr = grids.resolve_config(DEMO_RECIPE, {}).optim.learning_rate
     finetune = grids._demo_finetune()  # pylint: disable=protected-access
   elif scale == "base":
     multiples, nseeds, base_lr = BASE_MULTIPLES, 1, 1e-4
@@ -126,7 +128,7 @@ def large_batches(scale: str = "demo", data_source: str = "") -> Grid:
     over["optim.learning_rate"] = v["lr"]
     if scale == "demo":
       over["seed"] = v["seed"]
-      return PointSpec("size=tiny,objective=mlm,runlocal,block=alibi", over, finetune)
+      return PointSpec(DEMO_RECIPE, over, finetune)
     return PointSpec("size=base,objective=mlm", over, finetune)
 
   # seed slowest: every arm's first seed finishes before any second seed starts
