@@ -75,6 +75,7 @@ from encoder_jax.objectives.pretraining import OBJECTIVES, SENTENCE_TASKS
 # (hidden_dropout, attention_dropout) of each `dropout` preset (see the module docstring).
 DROPOUTS = {"bert": (0.1, 0.1), "no_attention": (0.1, 0.0), "none": (0.0, 0.0)}
 RECIPES = ("bert", "roberta")
+VOCAB_PAD_MULTIPLE = 128
 # RoBERTa's vocabulary size: the released byte-level BPE (vocab.json + merges.txt) has 50,265
 # entries, the "50K subword units" of Section 4.
 ROBERTA_VOCAB_SIZE = 50_265
@@ -108,6 +109,12 @@ def model_config(size: str, norm: str) -> ml_collections.ConfigDict:
   fields = ModelConfig(**SIZES[size], norm_first=(norm == "pre")).to_dict()
   fields.update(scan_layers="auto", remat_policy="auto")
   fields["embedding_size"] = fields["embedding_size"] or 0  # ConfigDict leaves need a type
+  # The token table padded to a multiple of 128 rows (BERT's 30,522 -> 30,592): whole MXU /
+  # tensor-core tiles for the tied decoder, a table that splits evenly over a mesh axis; the
+  # padded ids are never predicted (ModelConfig.vocab_pad_multiple). A run resumed from a
+  # workdir written before this field keeps its unpadded table (train/setup.py
+  # settle_layers); 1 turns padding off.
+  fields["vocab_pad_multiple"] = VOCAB_PAD_MULTIPLE
   return ml_collections.ConfigDict(fields)
 
 

@@ -95,16 +95,22 @@ def settle_layers(config: ml_collections.ConfigDict, workdir=None,
   """Writes what "auto" resolves to (`resolve_layers`) into config.model.scan_layers and
   remat_policy, so the run's config.json records the layout its checkpoints have. A run that
   resumes in `workdir` keeps the layout recorded there (a run started on a TPU and resumed on
-  a CPU must restore the same parameter structure); a new run takes its platform's."""
+  a CPU must restore the same parameter structure); a new run takes its platform's. Likewise
+  the token table's padding: a run recorded before model.vocab_pad_multiple existed resumes
+  with its unpadded table (1)."""
   m = config.model
   record = epath.Path(workdir) / CONFIG_FILE if workdir is not None else None
-  if _is_auto(m.scan_layers) and record is not None and record.exists():
+  recorded_model = {}
+  if record is not None and record.exists():
     try:
-      recorded = json.loads(record.read_text())["model"]["scan_layers"]
+      recorded_model = dict(json.loads(record.read_text())["model"])
     except (ValueError, KeyError, TypeError):
-      recorded = "auto"  # no readable record: the platform decides, as for a new run
-    if not _is_auto(recorded):
-      m.scan_layers = str(recorded)
+      recorded_model = {}  # no readable record: decided as for a new run
+  recorded = recorded_model.get("scan_layers", "auto")
+  if _is_auto(m.scan_layers) and not _is_auto(recorded):
+    m.scan_layers = str(recorded)
+  if recorded_model and "vocab_pad_multiple" in m:
+    m.vocab_pad_multiple = int(recorded_model.get("vocab_pad_multiple", 1))
   scan, remat = resolve_layers(m.scan_layers, m.remat_policy, backend)
   m.scan_layers = str(scan) if isinstance(m.scan_layers, str) else scan
   m.remat_policy = remat
