@@ -148,6 +148,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Device mesh "data,fsdp,tensor" (one entry may be -1), or "auto": all devices data-parallel
   # on TPU/GPU, one device on CPU. E.g. FSDP over a pod: --config.mesh=1,-1,1.
   config.mesh = "auto"
+  # Where the optimizer state and update live: "replicated" (with its parameter) or "zero1"
+  # (split over the mesh's data axis, then the new parameters gathered: ZeRO stage 1;
+  # train/sharding.py). mesh=auto on a TPU picks it with the layout (train/layout.py).
+  config.optim_sharding = "replicated"
   config.model = model_config(args["size"], args["norm"])
   # Attention dropout > 0 keeps training on the explicit attention path (see `dropout` above).
   config.model.update(dict(hidden_dropout=hidden_dropout, attention_dropout=attention_dropout))

@@ -62,10 +62,13 @@ def compile_train_step(config, devices=None, platform: str | None = None):
     devices = jax.devices()
   s = setup.build(config, platform or devices[0].platform)
   mesh = sharding.mesh_from_config(s.mesh, devices)
-  abstract, state_shardings = sharding.sharded_abstract_state(s.init_fn, mesh)
+  abstract, state_shardings = sharding.sharded_abstract_state(s.init_fn, mesh,
+                                                              s.optim_sharding)
   batch_sharding = sharding.batch_sharding(mesh)
   batch_in = setup.abstract_batch(s.data, batch_sharding)
-  train_step = step_lib.make_train_step(s.trainer, state_shardings, batch_sharding)
+  train_step = step_lib.make_train_step(
+      s.trainer, state_shardings, batch_sharding,
+      sharding.update_shardings(abstract.params, state_shardings.params, mesh, s.optim_sharding))
   t0 = time.perf_counter()
   compiled = train_step.lower(abstract, batch_in).compile()
   return compiled, s, state_shardings, abstract, mesh, time.perf_counter() - t0

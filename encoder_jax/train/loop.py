@@ -213,7 +213,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   # The mesh (data, fsdp, tensor) comes from config.mesh; nothing below depends on it:
   # batches are split over data x fsdp, checkpoints restore into the state's shardings.
   mesh = sharding.mesh_from_config(s.mesh)
-  abstract, state_shardings = sharding.sharded_abstract_state(s.init_fn, mesh)
+  abstract, state_shardings = sharding.sharded_abstract_state(s.init_fn, mesh,
+                                                              s.optim_sharding)
   ckpt = Checkpointer(workdir / "checkpoints", keep=t.keep)
   run = None
   try:
@@ -337,7 +338,9 @@ class _Steps:
     self.abstract = abstract
     batch_sh = sharding.batch_sharding(mesh)
     self.batch = setup.abstract_batch(s.data, batch_sh)
-    jitted = step_lib.make_train_step(s.trainer, state_shardings, batch_sh)
+    jitted = step_lib.make_train_step(
+        s.trainer, state_shardings, batch_sh, sharding.update_shardings(
+            abstract.params, state_shardings.params, mesh, s.optim_sharding))
     self.train = (parts.Precompiled.of(jitted, abstract, self.batch, name="train step")
                   if train_ahead else jitted)
     self.eval = step_lib.make_eval_step(s.trainer)

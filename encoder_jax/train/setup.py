@@ -28,6 +28,7 @@ from encoder_jax.data.builders import resolve_vocab
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.objectives import pretraining
 from encoder_jax.train import flops as flops_lib
+from encoder_jax.train import sharding
 from encoder_jax.train import step as step_lib
 from encoder_jax.train.optim import OptimConfig, build_optimizer, learning_rate_schedule
 
@@ -338,6 +339,7 @@ class Setup:
   data: DataSettings
   train: TrainSettings
   mesh: Any  # config.mesh: "auto" or (data, fsdp, tensor) sizes (train/sharding.py)
+  optim_sharding: str  # config.optim_sharding: "replicated" | "zero1" (train/sharding.py)
   init_from: str  # "" or where a new run's parameters come from (train/init_from.py)
   config_json: str  # the whole config, as the run records it in config.json
 
@@ -373,5 +375,7 @@ def build(config: ml_collections.ConfigDict, backend: str | None = None) -> Setu
   return Setup(model_cfg, obj, optim_cfg, trainer, init_fn, fps, B * T, end_step, planned,
                data=DataSettings.of(config), train=t,
                mesh=tuple(mesh) if isinstance(mesh, (list, tuple)) else mesh,
+               optim_sharding=sharding.check_optim_sharding(
+                   config.get("optim_sharding", "replicated")),
                init_from=config.get("init_from", "") or "",
                config_json=config.to_json_best_effort(indent=2, sort_keys=True))

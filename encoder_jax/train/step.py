@@ -92,14 +92,19 @@ def train_loss(tr: Trainer, params, step: jax.Array, batch
 def make_step(loss_fn: Callable, tx: optax.GradientTransformation, schedule, *,
               state_shardings=None, batch_shardings=None, extra_shardings=(),
               frozen: Callable[[Any], bool] | None = None,
-              grad_metrics: Callable[[Any], dict[str, jax.Array]] | None = None):
+              grad_metrics: Callable[[Any], dict[str, jax.Array]] | None = None,
+              update_shardings=None):
   """jit(state, batch, *extra) -> (state, metrics) of `loss_fn(params, step, batch, *extra) ->
   (loss, metrics)`, donating the old state; metrics gain the loss, "grad_norm" and the learning
   rate. Leaves whose path `frozen` marks get no gradient (XLA drops their backward pass) and
   come back unchanged (a zero update could still turn -0.0 into +0.0). With shardings, it traces
   under their abstract mesh: activations keep the batch split (model/activation_sharding.py).
   `grad_metrics(grads) -> dict` adds metrics computed from this step's gradients (before
-  clipping), e.g. per-layer norms (experiments/layer_grads.py)."""
+  clipping), e.g. per-layer norms (experiments/layer_grads.py). `update_shardings` (a
+  params-shaped tree, sharding.update_shardings) is where the optimizer update runs: the
+  gradients and parameters are constrained to it before `tx.update` (ZeRO-1: split over
+  'data', so the gradients are reduce-scattered and each device updates its slice), and the
+  new parameters go back to `state_shardings` (gathered)."""
   mesh = next((s.mesh for s in jax.tree.leaves(state_shardings) if hasattr(s, "mesh")), None)
   keep_frozen = lambda new, old: jax.tree_util.tree_map_with_path(
       lambda path, n, o: o if frozen(path) else n, new, old)
@@ -110,8 +115,12 @@ def make_step(loss_fn: Callable, tx: optax.GradientTransformation, schedule, *,
     with (contextlib.nullcontext() if mesh is None
           else jax.sharding.use_abstract_mesh(mesh.abstract_mesh)):
       (loss, metrics), grads = jax.value_and_grad(loss_of, has_aux=True)(state.params)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    old_params = state.params
+    if update_shardings is not None:
+      grads, old_params = (jax.lax.with_sharding_constraint(t, update_shardings)
+                           for t in (grads, old_params))
+    updates, opt_state = tx.update(grads, state.opt_state, old_params)
+    params = optax.apply_updates(old_params, updates)
     if frozen is not None:
       params = keep_frozen(params, state.params)
     metrics = {"loss": loss, **metrics, "grad_norm": optax.tree.norm(grads),
@@ -125,10 +134,12 @@ def make_step(loss_fn: Callable, tx: optax.GradientTransformation, schedule, *,
   return jax.jit(train_step, donate_argnums=(0,), **kw)
 
 
-def make_train_step(tr: Trainer, state_shardings=None, batch_shardings=None):
+def make_train_step(tr: Trainer, state_shardings=None, batch_shardings=None,
+                    update_shardings=None):
   """The pre-training step: make_step of `train_loss` (jit(state, batch) -> (state, metrics))."""
   return make_step(lambda p, step, batch: train_loss(tr, p, step, batch), tr.tx, tr.schedule,
-                   state_shardings=state_shardings, batch_shardings=batch_shardings)
+                   state_shardings=state_shardings, batch_shardings=batch_shardings,
+                   update_shardings=update_shardings)
 
 
 def make_eval_step(tr: Trainer, eval_seed: int = 1234):
