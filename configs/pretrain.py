@@ -145,9 +145,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # step folders), a HF BERT/ELECTRA folder, or "minilm" (all-MiniLM-L6-v2). Fresh optimizer
   # and schedule; a workdir with checkpoints resumes from them instead (train/init_from.py).
   config.init_from = ""
-  # Device mesh "data,fsdp,tensor" (one entry may be -1), or "auto": all devices data-parallel
-  # on TPU/GPU, one device on CPU. E.g. FSDP over a pod: --config.mesh=1,-1,1.
+  # Device mesh "data,fsdp,tensor" (one entry may be -1), or "auto". On a TPU, "auto" is
+  # chosen by compiling candidates for the slice (train/layout.py): mesh axes, optimizer
+  # placement, rows a chip with accumulation up to the recipe's global batch (data.batch_size
+  # x optim.accumulation_steps), remat and layer layout, the fastest that fits HBM by XLA's
+  # estimate; it is printed, recorded in `layout` below and reused on resume. On GPUs "auto"
+  # is every device data-parallel, on CPU one device. E.g. FSDP by hand: --config.mesh=1,-1,1.
   config.mesh = "auto"
+  # What mesh=auto chose (JSON, written by the trainer; empty for a new run).
+  config.layout = ""
   # Where the optimizer state and update live: "replicated" (with its parameter) or "zero1"
   # (split over the mesh's data axis, then the new parameters gathered: ZeRO stage 1;
   # train/sharding.py). mesh=auto on a TPU picks it with the layout (train/layout.py).

@@ -54,6 +54,16 @@ def compile_train_step(config, devices=None, platform: str | None = None):
   """Lowers + compiles the trainer's sharded train step for `config` from abstract values, with
   the layer layout of `platform` (default: the devices' own) where config.model says "auto".
   Returns (compiled, setup, state_shardings, abstract_state, mesh, seconds)."""
+  lowered, s, state_shardings, abstract, mesh = lower_train_step(config, devices, platform)
+  t0 = time.perf_counter()
+  compiled = lowered.compile()
+  return compiled, s, state_shardings, abstract, mesh, time.perf_counter() - t0
+
+
+def lower_train_step(config, devices=None, platform: str | None = None):
+  """compile_train_step's first half: (lowered, setup, state_shardings, abstract_state, mesh).
+  The lowered text names the program (shapes, shardings, every op) before the expensive XLA
+  compile: encoder_jax.train.layout keys its cache on it."""
   import jax
 
   from encoder_jax.train import setup, sharding, step as step_lib
@@ -69,9 +79,7 @@ def compile_train_step(config, devices=None, platform: str | None = None):
   train_step = step_lib.make_train_step(
       s.trainer, state_shardings, batch_sharding,
       sharding.update_shardings(abstract.params, state_shardings.params, mesh, s.optim_sharding))
-  t0 = time.perf_counter()
-  compiled = train_step.lower(abstract, batch_in).compile()
-  return compiled, s, state_shardings, abstract, mesh, time.perf_counter() - t0
+  return train_step.lower(abstract, batch_in), s, state_shardings, abstract, mesh
 
 
 _COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all",

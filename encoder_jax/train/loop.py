@@ -77,7 +77,7 @@ from encoder_jax.data import unigram
 from encoder_jax.data.builders import resolve_vocab
 from encoder_jax.model import matmul
 from encoder_jax.train import flops as flops_lib
-from encoder_jax.train import init_from
+from encoder_jax.train import init_from, layout
 from encoder_jax.train import loop_parts as parts
 from encoder_jax.train import recovery
 from encoder_jax.train import setup, sharding
@@ -201,6 +201,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   workdir = paths.absolute(workdir)  # a gs:// workdir stays one (encoder_jax.paths)
   if not paths.is_uri(workdir):  # (a bucket needs no folders)
     workdir.mkdir(parents=True, exist_ok=True)
+  layout.settle(config, workdir, say=_say)  # mesh=auto on a TPU: compiled candidates
   setup.settle_layers(config, workdir)
   s = setup.build(config)  # the one boundary: below, only the frozen Setup is read
   del config
