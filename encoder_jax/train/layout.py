@@ -89,7 +89,9 @@ class Priced:
   hbm_gib: float | None = None  # live bytes a device at the step's peak
   argument_gib: float | None = None  # of which the arguments (train state + batch)
   cap_gib: float = 0.0
-  est_step_s: float | None = None  # one step call (one micro-batch)
+  est_step_s: float | None = None  # one step call (one micro-batch), averaged over k
+  est_emit_s: float | None = None  # the call that runs the optimizer (XLA's own figure)
+  xla_flops: float | None = None
   est_mfu: float | None = None  # the project's MFU definition (train/flops.py), estimated
   compile_s: float = 0.0
   cached: bool = False
@@ -190,17 +192,7 @@ class Pricer:
     c = configure(config, layout, len(self.devices), batch)
     out = Priced(layout, int(c.optim.accumulation_steps), cap_gib=hbm_cap_gib(self.devices))
     lowered, s, *_ = cc.lower_train_step(c, self.devices)
-    key = hashlib.sha256((lowered.as_text() + self.where).encode()).hexdigest()[:32]
-    path = self.cache / f"{key}.json"
-    if path.exists():
-      record, out.cached = json.loads(path.read_text()), True
-    else:
-      record = _compile(lowered)
-      self.compiles += 1
-      self.cache.mkdir(parents=True, exist_ok=True)
-      tmp = path.with_suffix(f".tmp{time.time_ns()}")
-      tmp.write_text(json.dumps(record))
-      tmp.replace(path)
+    record, out.cached = self.compiled(lowered)
     out.compile_s, out.error = record.get("compile_s", 0.0), record.get("error", "")
     out.collectives = record.get("collectives", "")
     out.program = cc.describe_program(s.model_cfg)
@@ -212,10 +204,54 @@ class Pricer:
       out.hbm_gib = record["oom_gib"]
     est = record.get("optimal_seconds")
     if est and not layout.scan:  # (a scanned program's estimate covers one layer of L)
-      out.est_step_s = est
+      out.est_emit_s = out.est_step_s = est
+      out.xla_flops = record.get("xla_flops")
+      if out.accumulation > 1:
+        # XLA prices a lax.cond at its dearer branch: `est` is the micro-step that updates.
+        # The others cost it less the update branch plus the accumulating one.
+        update, accumulate = self.branch_estimates(c)
+        other = max(est - update + accumulate, 0.0)
+        out.est_step_s = (est + (out.accumulation - 1) * other) / out.accumulation
       peak = flops_lib.peak_flops_per_device(self.devices[0].device_kind)
-      out.est_mfu = s.flops_per_step / (est * chips_of(self.devices) * peak)
+      out.est_mfu = s.flops_per_step / (out.est_step_s * chips_of(self.devices) * peak)
     return out
+
+  def compiled(self, lowered) -> tuple[dict, bool]:
+    """(what compiling `lowered` for these devices gave, whether it came from the cache)."""
+    key = hashlib.sha256((lowered.as_text() + self.where).encode()).hexdigest()[:32]
+    path = self.cache / f"{key}.json"
+    if path.exists():
+      return json.loads(path.read_text()), True
+    record = _compile(lowered)
+    self.compiles += 1
+    self.cache.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{time.time_ns()}")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(path)
+    return record, False
+
+  def branch_estimates(self, c: ml_collections.ConfigDict) -> tuple[float, float]:
+    """XLA's estimates of the accumulating step's two branches compiled alone, with the
+    step's shardings: the update (step.apply_update, ZeRO-1's gather included) and the
+    accumulation (optim.accumulate). Small programs; they do not depend on the rows."""
+    import jax
+
+    from encoder_jax.train import optim, setup, sharding
+    from encoder_jax.train import step as step_lib
+    s = setup.build(c, self.devices[0].platform)
+    mesh = sharding.mesh_from_config(s.mesh, self.devices)
+    abstract, shardings = sharding.sharded_abstract_state(s.init_fn, mesh, s.optim_sharding)
+    where = sharding.update_shardings(abstract.params, shardings.params, mesh,
+                                      s.optim_sharding)
+    placed = lambda tree, sh: jax.tree.map(
+        lambda a, x: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=x), tree, sh)
+    grads = placed(abstract.params, where or shardings.params)
+    k, tx = s.optim_cfg.accumulation_steps, s.trainer.tx
+    gather = shardings.params if where is not None else None
+    update = jax.jit(lambda g, o, p: step_lib.apply_update(tx, g, o, p, gather)).lower(
+        grads, abstract.opt_state, grads)
+    acc = jax.jit(lambda g, o: optim.accumulate(g, o, k)).lower(grads, abstract.opt_state)
+    return tuple(self.compiled(x)[0].get("optimal_seconds") or 0.0 for x in (update, acc))
 
 
 def _compile(lowered) -> dict:

@@ -370,7 +370,8 @@ def build(config: ml_collections.ConfigDict, backend: str | None = None) -> Setu
   for note in notes:
     logging.info("%s", note)
   tx, schedule = build_optimizer(optim_cfg, num_layers=model_cfg.num_layers)
-  trainer, init_fn = step_lib.create(model_cfg, obj, tx, schedule, config.seed)
+  trainer, init_fn = step_lib.create(model_cfg, obj, tx, schedule, config.seed,
+                                     optim_cfg.accumulation_steps)
   mesh = config.get("mesh", "auto")
   return Setup(model_cfg, obj, optim_cfg, trainer, init_fn, fps, B * T, end_step, planned,
                data=DataSettings.of(config), train=t,

@@ -30,7 +30,8 @@ def _run(mesh_dims, optim_sharding, accumulation):
                           special_ids=(0, 1, 2, 3, 4), max_predictions=4)
   parts = build_optimizer(OptimConfig(learning_rate=1e-3, warmup_steps=1, total_steps=10,
                                       accumulation_steps=accumulation))
-  tr, init = S.create(CFG, obj, parts.tx, parts.schedule, seed=0)
+  tr, init = S.create(CFG, obj, parts.tx, parts.schedule, seed=0,
+                      accumulation_steps=accumulation)
   mesh = sh.make_mesh(mesh_dims)
   abstract, shardings = sh.sharded_abstract_state(init, mesh, optim_sharding)
   state = jax.jit(init, out_shardings=shardings)()
