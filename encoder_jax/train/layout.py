@@ -98,6 +98,7 @@ class Priced:
   program: str = ""
   collectives: str = ""
   error: str = ""
+  record: dict = dataclasses.field(default_factory=dict, repr=False)  # the compiler's figures
 
   @property
   def est_update_s(self) -> float | None:
@@ -193,6 +194,7 @@ class Pricer:
     out = Priced(layout, int(c.optim.accumulation_steps), cap_gib=hbm_cap_gib(self.devices))
     lowered, s, *_ = cc.lower_train_step(c, self.devices)
     record, out.cached = self.compiled(lowered)
+    out.record = record
     out.compile_s, out.error = record.get("compile_s", 0.0), record.get("error", "")
     out.collectives = record.get("collectives", "")
     out.program = cc.describe_program(s.model_cfg)
@@ -455,3 +457,29 @@ def settle(config: ml_collections.ConfigDict, workdir=None, devices=None,
       apply(config, json.loads(recorded))
       return
   apply(config, record_of(search(config, devices, say=say), config))
+
+
+def main(argv):
+  """`python -m encoder_jax.train.layout --tpu_topology=v5e:4x4 --config=...`: the search for
+  a slice before renting it (compile_check's --config and --tpu_topology flags)."""
+  from absl import app, flags
+  from jax.experimental import topologies
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments {argv[1:]}")
+  f = flags.FLAGS
+  if f.config is None or not f.tpu_topology:
+    raise app.UsageError("give --config=configs/pretrain.py:... and --tpu_topology=v5e:4x4 "
+                         "(run with libtpu on the path: `bash run.sh tpu python -m ...`).")
+  devices = topologies.get_topology_desc(platform="tpu", topology_name=f.tpu_topology).devices
+  choice = search(f.config, devices)
+  record = record_of(choice, f.config)
+  print("config.layout (what the trainer records and a resumed run reuses):")
+  print(json.dumps(record, sort_keys=True))
+
+
+if __name__ == "__main__":
+  import os
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the TPU devices are compile-only
+  from encoder_jax import cli
+  from encoder_jax.train import compile_check  # noqa: F401  (defines --config, --tpu_topology)
+  cli.run(main, "encoder_jax.train.layout")
