@@ -89,7 +89,7 @@ def _optimizer(peak) -> list[str]:
       config.data.batch_size = 8 * len(devices)
       c = layout.configure(config, layout.Layout("-1,1,1", optim, 8, "dots", False),
                            len(devices))
-      figures.append(pricer.branch_estimates(c)[0] * 1e3)
+      figures.append(pricer.branch_estimates(c)[0]["optimal_seconds"] * 1e3)
     lines.append(f"  {name}: replicated {figures[0]:.2f}, ZeRO-1 {figures[1]:.2f}")
   return lines
 

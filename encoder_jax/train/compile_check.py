@@ -195,8 +195,11 @@ def analyze(compiled) -> dict[str, float]:
     # step holding k of them reads -k + its real estimate. Seen: ConcatBitcast (a free
     # concatenation of async slices) and X64Combine (64-bit halves joined, e.g. by the rbg
     # PRNGs). Add them back; anything still <= 0 is no estimate at all.
-    out["optimal_seconds"] += sum(hlo.count(f'custom_call_target="{name}"')
-                                  for name in UNPRICED_CUSTOM_CALLS)
+    # (Inside a lax.cond's branches they lower that branch's price, and XLA prices a cond at
+    # its dearer branch: train/layout.py keeps the raw figure and the count to undo that.)
+    calls = sum(hlo.count(f'custom_call_target="{name}"') for name in UNPRICED_CUSTOM_CALLS)
+    out["optimal_seconds_raw"], out["unpriced_calls"] = out["optimal_seconds"], calls
+    out["optimal_seconds"] += calls
     if out["optimal_seconds"] <= 0:
       del out["optimal_seconds"]
   out["hbm_traffic_bytes"] = hbm_traffic_bytes(hlo)

@@ -193,7 +193,8 @@ class Pricer:
     c = configure(config, layout, len(self.devices), batch)
     out = Priced(layout, int(c.optim.accumulation_steps), cap_gib=hbm_cap_gib(self.devices))
     lowered, s, *_ = cc.lower_train_step(c, self.devices)
-    record, out.cached = self.compiled(lowered)
+    record, out.cached = self.compiled(lowered, need=("optimal_seconds_raw",)
+                                       if out.accumulation > 1 else ())
     out.record = record
     out.compile_s, out.error = record.get("compile_s", 0.0), record.get("error", "")
     out.collectives = record.get("collectives", "")
@@ -209,21 +210,21 @@ class Pricer:
       out.est_emit_s = out.est_step_s = est
       out.xla_flops = record.get("xla_flops")
       if out.accumulation > 1:
-        # XLA prices a lax.cond at its dearer branch: `est` is the micro-step that updates.
-        # The others cost it less the update branch plus the accumulating one.
-        update, accumulate = self.branch_estimates(c)
-        other = max(est - update + accumulate, 0.0)
-        out.est_step_s = (est + (out.accumulation - 1) * other) / out.accumulation
+        out.est_emit_s, other = _split_branches(record, *self.branch_estimates(c))
+        out.est_step_s = (out.est_emit_s + (out.accumulation - 1) * other) / out.accumulation
       peak = flops_lib.peak_flops_per_device(self.devices[0].device_kind)
       out.est_mfu = s.flops_per_step / (out.est_step_s * chips_of(self.devices) * peak)
     return out
 
-  def compiled(self, lowered) -> tuple[dict, bool]:
-    """(what compiling `lowered` for these devices gave, whether it came from the cache)."""
+  def compiled(self, lowered, need: Sequence[str] = ()) -> tuple[dict, bool]:
+    """(what compiling `lowered` for these devices gave, whether it came from the cache; a
+    cached record without the keys in `need`, written by an older version, is redone)."""
     key = hashlib.sha256((lowered.as_text() + self.where).encode()).hexdigest()[:32]
     path = self.cache / f"{key}.json"
     if path.exists():
-      return json.loads(path.read_text()), True
+      record = json.loads(path.read_text())
+      if all(k in record for k in need) or record.get("error"):
+        return record, True
     record = _compile(lowered)
     self.compiles += 1
     self.cache.mkdir(parents=True, exist_ok=True)
@@ -232,7 +233,7 @@ class Pricer:
     tmp.replace(path)
     return record, False
 
-  def branch_estimates(self, c: ml_collections.ConfigDict) -> tuple[float, float]:
+  def branch_estimates(self, c: ml_collections.ConfigDict) -> tuple[dict, dict]:
     """XLA's estimates of the accumulating step's two branches compiled alone, with the
     step's shardings: the update (step.apply_update, ZeRO-1's gather included) and the
     accumulation (optim.accumulate). Small programs; they do not depend on the rows."""
@@ -253,7 +254,23 @@ class Pricer:
     update = jax.jit(lambda g, o, p: step_lib.apply_update(tx, g, o, p, gather)).lower(
         grads, abstract.opt_state, grads)
     acc = jax.jit(lambda g, o: optim.accumulate(g, o, k)).lower(grads, abstract.opt_state)
-    return tuple(self.compiled(x)[0].get("optimal_seconds") or 0.0 for x in (update, acc))
+    return tuple(self.compiled(x, need=("optimal_seconds_raw",))[0] for x in (update, acc))
+
+
+def _split_branches(step: dict, update: dict, accumulate: dict) -> tuple[float, float]:
+  """(estimated seconds of the micro-step that updates, of one that only accumulates) from
+  the accumulating step's record and its two branches compiled alone (records of
+  compile_check.analyze). XLA prices a cond at its dearer branch, in its raw figures: custom
+  calls it has no model for count -1 s each (UNPRICED_CUSTOM_CALLS), which can make the
+  update branch the cheaper one. So: the rest of the step = raw - max(branches' raw) + its
+  own unpriced calls (those of the whole program less the branches'); each micro-step = the
+  rest + its branch's corrected figure."""
+  raw = lambda r: r.get("optimal_seconds_raw", r.get("optimal_seconds", 0.0))
+  calls = lambda r: r.get("unpriced_calls", 0)
+  rest = (raw(step) - max(raw(update), raw(accumulate))
+          + calls(step) - calls(update) - calls(accumulate))
+  return (max(rest + raw(update) + calls(update), 0.0),
+          max(rest + raw(accumulate) + calls(accumulate), 0.0))
 
 
 def _compile(lowered) -> dict:
@@ -308,10 +325,11 @@ def _predict_rows(probe: Priced, allowed: list[int], others: Sequence[Priced] = 
 
 
 def _largest_fitting(pricer: Pricer, config, base: Layout, allowed: list[int],
-                     say) -> list[Priced]:
-  """Compiles `base` at the most rows a device that fit (probe, predict, confirm)."""
+                     say, start: int | None = None) -> list[Priced]:
+  """Compiles `base` at the most rows a device that fit (probe at `start`, by default
+  PROBE_TOKENS a device; predict; confirm)."""
   tokens = int(config.data.max_length)
-  probe_rows = max([m for m in allowed if m * tokens <= PROBE_TOKENS] or [allowed[0]])
+  probe_rows = start or max([m for m in allowed if m * tokens <= PROBE_TOKENS] or [allowed[0]])
   seen = [pricer.price(config, dataclasses.replace(base, rows=probe_rows))]
   say(f"  {seen[-1].row()}")
   while not seen[-1].fits and seen[-1].layout.rows > allowed[0]:  # the probe is too big
@@ -367,9 +385,14 @@ def search(config: ml_collections.ConfigDict, devices, *, cache_dir=None,
       if best.fits:
         break
   else:
-    for base in (Layout("-1,1,1", "replicated", best.layout.rows, "dots", scan),
-                 Layout("1,-1,1", "replicated", best.layout.rows, "dots", scan)):
-      priced.append(pricer.price(config, base))
+    rows = best.layout.rows
+    priced.append(pricer.price(config, Layout("-1,1,1", "replicated", rows, "dots", scan)))
+    say(f"  {priced[-1].row()}")
+    fsdp = Layout("1,-1,1", "replicated", rows, "dots", scan)
+    if rows < allowed[-1]:  # memory-bound: FSDP keeps less state a device, maybe more rows
+      priced += _largest_fitting(pricer, config, fsdp, allowed, say, start=rows)
+    else:
+      priced.append(pricer.price(config, fsdp))
       say(f"  {priced[-1].row()}")
     best = min(priced, key=_rank)
   if not best.fits:

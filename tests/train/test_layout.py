@@ -141,3 +141,18 @@ def test_slice_names_and_rows():
   assert L.slice_name("TPU v5 lite", 4) == "v5e-4" and L.slice_name("TPU v5", 4) == "v5p-8"
   assert L.slice_name("TPU v4", 16) == "v4-32"
   assert L._allowed_rows(48) == [1, 2, 4, 8, 16, 48]
+
+
+def test_an_accumulating_step_is_priced_branch_by_branch():
+  """XLA prices a lax.cond at its dearer branch in raw figures, where each custom call it has
+  no model for counts -1 s: here the update branch (3 ms, one such call) reads -0.997 s, the
+  accumulation 2 ms, and the rest of the step (18 ms) holds two more such calls."""
+  step = {"optimal_seconds_raw": 0.018 - 2 + 0.002, "unpriced_calls": 3}
+  update = {"optimal_seconds_raw": 0.003 - 1, "unpriced_calls": 1}
+  accumulate = {"optimal_seconds_raw": 0.002, "unpriced_calls": 0}
+  emit, other = L._split_branches(step, update, accumulate)
+  assert emit == pytest.approx(0.021) and other == pytest.approx(0.020)
+  # the ordinary case: the update branch dearer, no unpriced calls
+  emit, other = L._split_branches({"optimal_seconds_raw": 0.026}, {"optimal_seconds_raw": 0.008},
+                                   {"optimal_seconds_raw": 0.001})
+  assert emit == pytest.approx(0.026) and other == pytest.approx(0.019)
