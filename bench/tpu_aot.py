@@ -153,7 +153,9 @@ def auto_row(r: Row) -> dict:
   chips = layout.chips_of(devices)
   c = layout.configure(config, lay, len(devices))
   s = setup.build(c, "tpu")
-  rec = {"optimal_seconds": b.est_emit_s, "xla_flops": b.xla_flops}
+  rec = b.record if b.accumulation == 1 else layout.Pricer(devices).compiled(
+      cc.lower_train_step(layout.configure(config, lay, len(devices), lay.rows * len(devices)),
+                          devices)[0])[0]  # (the step without accumulation: cached)
   out = dict(mesh=",".join(str(len(devices)) if x == "-1" else x for x in lay.mesh.split(",")),
              optim_sharding=lay.optim_sharding, rows_device=lay.rows,
              accumulation=b.accumulation, remat=lay.remat, program=b.program,
@@ -169,7 +171,8 @@ def auto_row(r: Row) -> dict:
                est_tok_s_chip=round(c.data.batch_size * r.seq / b.est_step_s / chips),
                est_mfu=round(b.est_mfu, 3))
   if FLAGS.estimate and not lay.scan:  # the same layout scanned: how its estimate compares
-    twin = layout.configure(config, dataclasses.replace(lay, scan=True), len(devices))
+    twin = layout.configure(config, dataclasses.replace(lay, scan=True), len(devices),
+                            lay.rows * len(devices))  # (as `rec`: one micro-batch an update)
     out["scan_offset"] = _offset(layout.Pricer(devices).compiled(
         cc.lower_train_step(twin, devices)[0])[0], rec)
   return out

@@ -52,6 +52,13 @@ def _fake_price(state_gib=1.8, gib_per_row=0.045, fsdp_state_gib=0.3):
   return price, calls
 
 
+@pytest.fixture(autouse=True)
+def _confirmed_as_priced(monkeypatch):
+  """The stand-in compiler's accumulating programs need the memory they were priced at."""
+  monkeypatch.setattr(L.Pricer, "confirm",
+                      lambda self, config, p: dataclasses.replace(p, confirmed=True))
+
+
 def test_picks_zero1_data_parallel_at_the_most_rows_that_fit(monkeypatch):
   price, calls = _fake_price()
   monkeypatch.setattr(L.Pricer, "price", price)
@@ -143,16 +150,22 @@ def test_slice_names_and_rows():
   assert L._allowed_rows(48) == [1, 2, 4, 8, 16, 48]
 
 
-def test_an_accumulating_step_is_priced_branch_by_branch():
-  """XLA prices a lax.cond at its dearer branch in raw figures, where each custom call it has
-  no model for counts -1 s: here the update branch (3 ms, one such call) reads -0.997 s, the
-  accumulation 2 ms, and the rest of the step (18 ms) holds two more such calls."""
-  step = {"optimal_seconds_raw": 0.018 - 2 + 0.002, "unpriced_calls": 3}
-  update = {"optimal_seconds_raw": 0.003 - 1, "unpriced_calls": 1}
-  accumulate = {"optimal_seconds_raw": 0.002, "unpriced_calls": 0}
-  emit, other = L._split_branches(step, update, accumulate)
-  assert emit == pytest.approx(0.021) and other == pytest.approx(0.020)
-  # the ordinary case: the update branch dearer, no unpriced calls
-  emit, other = L._split_branches({"optimal_seconds_raw": 0.026}, {"optimal_seconds_raw": 0.008},
-                                   {"optimal_seconds_raw": 0.001})
-  assert emit == pytest.approx(0.026) and other == pytest.approx(0.019)
+def test_an_accumulating_step_is_priced_from_its_k1_step_and_branches():
+  """k micro-steps: the k-th runs the update (the step without accumulation plus the
+  accumulation), the others skip it (less the update, plus the accumulation)."""
+  emit, mean = L._accumulated(0.100, update_s=0.008, accumulate_s=0.001, k=4)
+  assert emit == pytest.approx(0.101)
+  assert mean == pytest.approx((0.101 + 3 * 0.093) / 4)
+
+
+def test_a_choice_whose_accumulating_program_does_not_fit_is_dropped(monkeypatch):
+  """Accumulating candidates are priced through their k=1 program plus the accumulator;
+  the winner's own program is then compiled (`confirm`), and one that does not fit after all
+  gives way to the next."""
+  price, _ = _fake_price()
+  monkeypatch.setattr(L.Pricer, "price", price)
+  confirmed = []
+  monkeypatch.setattr(L.Pricer, "confirm", lambda self, config, p: confirmed.append(
+      p.layout.rows) or dataclasses.replace(p, confirmed=True, fits=p.layout.rows < 256))
+  b = L.search(_config(), DEVICES, say=lambda _: None).best
+  assert 256 in confirmed and b.layout.rows == 16 and b.confirmed and b.fits
