@@ -92,6 +92,7 @@ from encoder_jax.objectives.pretraining import OBJECTIVES, SENTENCE_TASKS
 # (hidden_dropout, attention_dropout) of each `dropout` preset (see the module docstring).
 DROPOUTS = {"bert": (0.1, 0.1), "no_attention": (0.1, 0.0), "none": (0.0, 0.0)}
 RECIPES = ("bert", "roberta", "modernbert")
+VOCAB_PAD_MULTIPLE = 128
 # The demo recipe's blocks (runlocal's `block`), as ModelConfig fields over the size's.
 # modern: ModernBERT's block (model.config.MODERNBERT_BLOCK; arXiv 2412.13663, section 2.1)
 # with RoPE's theta 10,000 in every layer (RoFormer's: the demo's rows of 64 are far from the
@@ -150,6 +151,12 @@ def model_config(size: str, norm: str) -> ml_collections.ConfigDict:
   fields = ModelConfig(**{**SIZES[size], "norm_first": norm == "pre"}).to_dict()
   fields.update(scan_layers="auto", remat_policy="auto")
   fields["embedding_size"] = fields["embedding_size"] or 0  # ConfigDict leaves need a type
+  # The token table padded to a multiple of 128 rows (BERT's 30,522 -> 30,592): whole MXU /
+  # tensor-core tiles for the tied decoder, a table that splits evenly over a mesh axis; the
+  # padded ids are never predicted (ModelConfig.vocab_pad_multiple). A run resumed from a
+  # workdir written before this field keeps its unpadded table (train/setup.py
+  # settle_layers); 1 turns padding off.
+  fields["vocab_pad_multiple"] = VOCAB_PAD_MULTIPLE
   return ml_collections.ConfigDict(fields)
 
 
@@ -190,9 +197,19 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # step folders), a HF BERT/ELECTRA folder, or "minilm" (all-MiniLM-L6-v2). Fresh optimizer
   # and schedule; a workdir with checkpoints resumes from them instead (train/init_from.py).
   config.init_from = ""
-  # Device mesh "data,fsdp,tensor" (one entry may be -1), or "auto": all devices data-parallel
-  # on TPU/GPU, one device on CPU. E.g. FSDP over a pod: --config.mesh=1,-1,1.
+  # Device mesh "data,fsdp,tensor" (one entry may be -1), or "auto". On a TPU, "auto" is
+  # chosen by compiling candidates for the slice (train/layout.py): mesh axes, optimizer
+  # placement, rows a chip with accumulation up to the recipe's global batch (data.batch_size
+  # x optim.accumulation_steps), remat and layer layout, the fastest that fits HBM by XLA's
+  # estimate; it is printed, recorded in `layout` below and reused on resume. On GPUs "auto"
+  # is every device data-parallel, on CPU one device. E.g. FSDP by hand: --config.mesh=1,-1,1.
   config.mesh = "auto"
+  # What mesh=auto chose (JSON, written by the trainer; empty for a new run).
+  config.layout = ""
+  # Where the optimizer state and update live: "replicated" (with its parameter) or "zero1"
+  # (split over the mesh's data axis, then the new parameters gathered: ZeRO stage 1;
+  # train/sharding.py). mesh=auto on a TPU picks it with the layout (train/layout.py).
+  config.optim_sharding = "replicated"
   config.model = model_config(args["size"], args["norm"])
   # Attention dropout > 0 keeps training on the explicit attention path (see `dropout` above).
   config.model.update(dict(hidden_dropout=hidden_dropout, attention_dropout=attention_dropout))

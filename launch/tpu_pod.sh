@@ -6,8 +6,15 @@
 #   BUCKET=gs://my-bucket REPO=https://github.com/you/encoder_jax.git \
 #   bash launch/tpu_pod.sh create        # queued resource (waits until ACTIVE)
 #   bash launch/tpu_pod.sh install       # clone + pip install on all workers
+#   bash launch/tpu_pod.sh plan "size=base,nsp=nsp" [flags]   # on this machine, no TPU
 #   bash launch/tpu_pod.sh train "size=base,objective=mlm,nsp=nsp,format=segment_pair" [flags]
 #   bash launch/tpu_pod.sh delete
+#
+# The mesh is the config's default, mesh=auto: the trainer compiles candidate layouts for the
+# slice at start-up (mesh axes, ZeRO-1, rows a chip with accumulation to the recipe's global
+# batch, remat, layer layout), runs the fastest that fits HBM by XLA's estimate and prints
+# it (encoder_jax/train/layout.py). `plan` runs the same search here, with libtpu compiling
+# for $ACCEL's topology (TOPOLOGY=v5e:4x4 for a slice not listed below), before you rent it.
 #
 # Data: pre-tokenized TFDS datasets are read from $BUCKET/tfds (build them once with
 # `python -m encoder_jax.data.build --data_dir=$BUCKET/tfds ...`); checkpoints, TensorBoard
@@ -33,7 +40,23 @@ ssh_all() {
   gcloud_ compute tpus tpu-vm ssh "$TPU" --project="$PROJECT" --zone="$ZONE" --worker=all \
     --command="$1"
 }
+topology_of() {  # Cloud TPU accelerator type -> libtpu's topology name
+  case "$1" in
+    v4-8) echo v4:2x2x1 ;; v4-16) echo v4:2x2x2 ;; v4-32) echo v4:2x2x4 ;; v4-64) echo v4:2x4x4 ;;
+    v5litepod-4) echo v5e:2x2 ;; v5litepod-8) echo v5e:2x4 ;; v5litepod-16) echo v5e:4x4 ;;
+    v5litepod-32) echo v5e:4x8 ;; v5litepod-64) echo v5e:8x8 ;;
+    v5p-8) echo v5p:2x2x1 ;; v5p-16) echo v5p:2x2x2 ;; v5p-32) echo v5p:2x2x4 ;;
+    *) echo "unknown ACCEL=$1: give TOPOLOGY=<libtpu topology, e.g. v5e:4x4>" >&2; return 1 ;;
+  esac
+}
 case "${1:-}" in
+  plan)
+    arg=${2:?config argument, e.g. size=base,nsp=nsp}
+    shift 2
+    topo=${TOPOLOGY:-$(topology_of "$ACCEL")}
+    cmd=(bash run.sh tpu python -m encoder_jax.train.layout "--tpu_topology=$topo"
+         "--config=configs/pretrain.py:$arg" "$@")
+    if [ -n "${DRY_RUN:-}" ]; then printf '%q ' "${cmd[@]}"; printf '\n'; else "${cmd[@]}"; fi ;;
   create)
     gcloud_ compute tpus queued-resources create "$TPU-qr" --project="$PROJECT" --zone="$ZONE" \
       --node-id="$TPU" --accelerator-type="$ACCEL" --runtime-version="$RUNTIME"
@@ -62,5 +85,5 @@ case "${1:-}" in
   delete)
     gcloud_ compute tpus queued-resources delete "$TPU-qr" --project="$PROJECT" --zone="$ZONE" \
       --force --quiet ;;
-  *) sed -n 2,16p "$0"; exit 2 ;;
+  *) sed -n 2,24p "$0"; exit 2 ;;
 esac

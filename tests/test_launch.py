@@ -52,3 +52,22 @@ def test_tpu_pod_initialises_the_slice_with_python_3_11():
   assert re.search(r"uv==\$UV_VERSION", install)
   assert re.search(r"UV_VERSION=\$\{UV_VERSION:-\d+\.\d+\.\d+\}", text)
   assert "--python 3.11" in install and "python3 -m venv" not in install
+
+
+def test_tpu_pod_plans_the_layout_of_the_slice_it_creates():
+  """`tpu_pod.sh plan` runs mesh=auto's search (encoder_jax.train.layout) for $ACCEL's TPU
+  topology on this machine; an accelerator it cannot name is refused with the fix."""
+  import os
+  env = dict(os.environ, PROJECT="p", ZONE="z", TPU="t", DRY_RUN="1")
+  for accel, topo in (("v5litepod-16", "v5e:4x4"), ("v5p-8", "v5p:2x2x1"), ("v4-32", "v4:2x2x4")):
+    out = subprocess.run(["bash", str(LAUNCH / "tpu_pod.sh"), "plan", "size=base,nsp=nsp",
+                          "--config.data.batch_size=8192"], env=dict(env, ACCEL=accel),
+                         capture_output=True, text=True, check=True).stdout
+    assert "-m encoder_jax.train.layout" in out and f"--tpu_topology={topo}" in out, out
+    assert "--config.data.batch_size=8192" in out
+  bad = subprocess.run(["bash", str(LAUNCH / "tpu_pod.sh"), "plan", "size=base"],
+                       env=dict(env, ACCEL="v9-1"), capture_output=True, text=True)
+  assert bad.returncode != 0 and "TOPOLOGY=" in bad.stderr
+  # the train command leaves the mesh to the config's default (mesh=auto)
+  text = (LAUNCH / "tpu_pod.sh").read_text()
+  assert "--config.mesh" not in text[text.index("  train)"):text.index("  delete)")]

@@ -96,6 +96,13 @@ class ModelConfig:
   # platform it compiles for, so a step compiled ahead of time for a TPU topology on a CPU
   # host (encoder_jax.train.compile_check) traces the TPU's program, not the host's.
   platform: str = ""
+  # Rows of the token table (and width of the MLM logits) rounded up to a multiple of this:
+  # 128 fills whole MXU / tensor-core tiles and lets the table split evenly over a mesh axis
+  # (BERT's 30,522 -> 30,592). Padded ids are never predicted: their logits are masked
+  # (heads.MlmHead) and their rows start at zero and get no gradient. 1 = no padding, the
+  # layout of every checkpoint written before the field existed (configs/pretrain.py pads
+  # new runs; encoder_jax.model.vocab_padding.unpad_vocab strips it for export).
+  vocab_pad_multiple: int = 1
 
   # ---- Block switches. Each is read where its sublayer is built (model/sublayers.py,
   # attention.py, rotary.py, encoder.py); the defaults are BERT's block, so a config that sets
@@ -147,7 +154,7 @@ class ModelConfig:
                  "dtype)"}.get(name, "")
         raise ValueError(f"ModelConfig.{name}={value!r}{flag}; use one of {choices}{empty}.")
     for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "ffn_size",
-                 "max_positions"):
+                 "max_positions", "vocab_pad_multiple"):
       if getattr(self, name) <= 0:
         raise ValueError(f"ModelConfig.{name}={getattr(self, name)} must be positive.")
     self._check_block_switches()
@@ -182,6 +189,12 @@ class ModelConfig:
   @property
   def head_dim(self) -> int:
     return self.hidden_size // self.num_heads
+
+  @property
+  def padded_vocab_size(self) -> int:
+    """Rows of the token table: vocab_size rounded up to a multiple of vocab_pad_multiple."""
+    m = self.vocab_pad_multiple
+    return -(-self.vocab_size // m) * m
 
   @property
   def embed_size(self) -> int:

@@ -50,6 +50,17 @@ def sinusoidal_init(std: float):
   return init
 
 
+def zero_padded_rows(init, rows: int):
+  """An initializer for a [padded rows, width] table: `init`'s draw for [rows, width] (the
+  values an unpadded table of the same seed gets) followed by zero rows. Zero rows that no
+  id looks up and whose logits are masked (heads.MlmHead) get no gradient, so AdamW keeps them
+  at zero."""
+  def f(key, shape, dtype=jnp.float32):
+    real = init(key, (rows,) + tuple(shape[1:]), dtype)
+    return jnp.pad(real, ((0, shape[0] - rows),) + ((0, 0),) * (len(shape) - 1))
+  return f
+
+
 class Embeddings(nnx.Module):
   """Token + learned position + segment (token type) embeddings, norm, dropout.
 
@@ -67,8 +78,10 @@ class Embeddings(nnx.Module):
         embedding_init=nnx.with_partitioning(init, axes), rngs=rngs)
     pos_init = (sinusoidal_init(cfg.initializer_range) if cfg.position_init == "sinusoidal"
                 else init_normal(cfg))
+    self.compute_dtype = cfg.compute_dtype
     with nnx.use_eager_sharding(False):
-      self.token = emb(cfg.vocab_size, ("vocab", "embed"))
+      self.token = emb(cfg.padded_vocab_size, ("vocab", "embed"),
+                       zero_padded_rows(init_normal(cfg), cfg.vocab_size))
       self.position = (emb(cfg.max_positions, (None, "embed"), pos_init)
                        if cfg.learned_positions else None)
       self.token_type = (emb(cfg.type_vocab_size, (None, "embed")) if cfg.type_vocab_size
@@ -77,14 +90,22 @@ class Embeddings(nnx.Module):
     self.dropout = Dropout(cfg.hidden_dropout, deterministic=True)
 
   def __call__(self, ids_BxT, token_types_BxT, positions_BxT, *, dropout_rng=None):
-    x_BxTxE = self.token(ids_BxT)
+    x_BxTxE = self.lookup(self.token, ids_BxT)
     if self.position is not None:
-      x_BxTxE = x_BxTxE + self.position(positions_BxT)
+      x_BxTxE = x_BxTxE + self.lookup(self.position, positions_BxT)
     if self.token_type is not None:
-      x_BxTxE = x_BxTxE + self.token_type(token_types_BxT)
+      x_BxTxE = x_BxTxE + self.lookup(self.token_type, token_types_BxT)
     if self.ln is not None:
       x_BxTxE = self.ln(x_BxTxE)
     return self.dropout(x_BxTxE, rngs=dropout_rng)
+
+  def lookup(self, table: nnx.Embed, ids) -> jax.Array:
+    """Rows of `table` in its storage dtype, then cast: the values of nnx.Embed's lookup, which
+    casts the whole table to the compute dtype first (a full bf16 copy of BERT's 30k x 768
+    table every step, and a bf16 scatter-add for its gradient, where every [CLS] of the batch
+    lands on one row). Gathering first casts B x T rows, and the gradient is an fp32
+    scatter-add into the table's own dtype."""
+    return jnp.take(table.embedding[...], ids, axis=0).astype(self.compute_dtype)
 
 
 def residual(x, sublayer, ln, drop, norm_first: bool):

@@ -70,7 +70,7 @@ class MlmHead(nnx.Module):
     self.transform = dense(cfg, cfg.hidden_size, cfg.embed_size, ("embed_out", "embed"),
                            rngs=rngs)
     self.ln = layer_norm(cfg, cfg.embed_size, rngs=rngs)
-    self.bias = nnx.Param(jnp.zeros((cfg.vocab_size,), cfg.storage_dtype),
+    self.bias = nnx.Param(jnp.zeros((cfg.padded_vocab_size,), cfg.storage_dtype),
                           out_sharding=("vocab",), eager_sharding=False)
     self.act = cfg.activation
     self.cfg = cfg
@@ -80,7 +80,18 @@ class MlmHead(nnx.Module):
       hidden_BxTxD = batch_split(gather_positions(hidden_BxTxD, positions_BxP))
     h = self.ln(activation_fn(self.act)(self.transform(hidden_BxTxD)))
     logits = batch_split(tied_logits(h, token_embed, self.cfg))
-    return logits + self.bias[...].astype(jnp.float32).reshape((1,) * (logits.ndim - 1) + (-1,))
+    logits = logits + self.bias[...].astype(jnp.float32).reshape((1,) * (logits.ndim - 1) + (-1,))
+    return mask_padded_vocab(logits, self.cfg.vocab_size)
+
+
+def mask_padded_vocab(logits_xV: jax.Array, vocab_size: int) -> jax.Array:
+  """NEG_INF at the columns of padded ids (>= vocab_size; ModelConfig.vocab_pad_multiple), so
+  they are never predicted or sampled: exp(NEG_INF - max) is exactly 0 in fp32, which leaves
+  softmax, loss and accuracy over the real ids unchanged, and the columns pass no gradient."""
+  if logits_xV.shape[-1] == vocab_size:
+    return logits_xV
+  real = jnp.arange(logits_xV.shape[-1]) < vocab_size
+  return jnp.where(real, logits_xV, NEG_INF)
 
 
 class Pooler(nnx.Module):

@@ -26,6 +26,7 @@ What works where (jax 0.10.2):
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -54,6 +55,16 @@ def compile_train_step(config, devices=None, platform: str | None = None):
   """Lowers + compiles the trainer's sharded train step for `config` from abstract values, with
   the layer layout of `platform` (default: the devices' own) where config.model says "auto".
   Returns (compiled, setup, state_shardings, abstract_state, mesh, seconds)."""
+  lowered, s, state_shardings, abstract, mesh = lower_train_step(config, devices, platform)
+  t0 = time.perf_counter()
+  compiled = lowered.compile()
+  return compiled, s, state_shardings, abstract, mesh, time.perf_counter() - t0
+
+
+def lower_train_step(config, devices=None, platform: str | None = None):
+  """compile_train_step's first half: (lowered, setup, state_shardings, abstract_state, mesh).
+  The lowered text names the program (shapes, shardings, every op) before the expensive XLA
+  compile: encoder_jax.train.layout keys its cache on it."""
   import jax
 
   from encoder_jax.train import setup, sharding, step as step_lib
@@ -62,13 +73,14 @@ def compile_train_step(config, devices=None, platform: str | None = None):
     devices = jax.devices()
   s = setup.build(config, platform or devices[0].platform)
   mesh = sharding.mesh_from_config(s.mesh, devices)
-  abstract, state_shardings = sharding.sharded_abstract_state(s.init_fn, mesh)
+  abstract, state_shardings = sharding.sharded_abstract_state(s.init_fn, mesh,
+                                                              s.optim_sharding)
   batch_sharding = sharding.batch_sharding(mesh)
   batch_in = setup.abstract_batch(s.data, batch_sharding)
-  train_step = step_lib.make_train_step(s.trainer, state_shardings, batch_sharding)
-  t0 = time.perf_counter()
-  compiled = train_step.lower(abstract, batch_in).compile()
-  return compiled, s, state_shardings, abstract, mesh, time.perf_counter() - t0
+  train_step = step_lib.make_train_step(
+      s.trainer, state_shardings, batch_sharding,
+      sharding.update_shardings(abstract.params, state_shardings.params, mesh, s.optim_sharding))
+  return train_step.lower(abstract, batch_in), s, state_shardings, abstract, mesh
 
 
 _COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all",
@@ -100,6 +112,63 @@ def collectives(hlo_text: str) -> dict[str, int]:
 
 
 UNPRICED_CUSTOM_CALLS = ("ConcatBitcast", "X64Combine")
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
+                "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8,
+                "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1, "s4": 0.5, "u4": 0.5}
+_ARRAY = re.compile(r"\b(" + "|".join(_DTYPE_BYTES) + r")\[([\d,]*)\](\{[^}]*\})?")
+_INSTR = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*?) ([a-z][\w\-]*)\((.*)$")
+_NO_TRAFFIC = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "after-all",
+               "partition-id", "replica-id", "opt-barrier", "copy-done", "all-gather-done",
+               "all-reduce-done", "collective-permute-done", "async-done", "send-done",
+               "recv-done"}
+
+
+def _hbm_bytes(types: str) -> float:
+  """Bytes of the arrays in an HLO type string that live in HBM: a layout with S(n), n > 0,
+  is another memory space (on TPU S(1) is the on-chip VMEM)."""
+  total = 0.0
+  for dtype, dims, layout in _ARRAY.findall(types):
+    if layout and re.search(r"S\([1-9]", layout):
+      continue
+    total += _DTYPE_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
+  return total
+
+
+def hbm_traffic_bytes(hlo_text: str) -> float:
+  """HBM bytes the compiled program's entry computation moves: for every top-level
+  instruction (a fusion, a custom call, a collective, a copy), the HBM-resident operands it
+  reads and the HBM-resident result it writes; values in VMEM (layout S(1)) and free ops
+  (parameters, tuples, bitcasts, the -done halves of async pairs) cost nothing. An
+  approximation from above of the traffic (a fusion that reads a slice of an operand is
+  charged the whole operand, as XLA's cost model does). It is not XLA's "bytes accessed",
+  which is the cost model's sum over the program's accesses and no measure of HBM traffic
+  (bench/results/tpu_aot_calibration.txt has both for BERT-base's step). Loop bodies (a
+  scanned program's layers) are not multiplied by their trip count: use it on unrolled
+  programs."""
+  sizes: dict[str, float] = {}
+  total, in_entry = 0.0, False
+  for line in hlo_text.splitlines():
+    if line.startswith("ENTRY "):
+      in_entry = True
+      continue
+    if not in_entry:
+      continue
+    if line.startswith("}"):
+      break
+    m = _INSTR.match(line)
+    if not m:
+      continue
+    name, types, op, rest = m.groups()
+    sizes[name] = out = _hbm_bytes(types)
+    if op in _NO_TRAFFIC:
+      continue
+    operands = re.findall(r"%([\w.\-]+)", rest.split("), ")[0])
+    read = sum(sizes.get(o, 0.0) for o in operands)
+    if op.endswith("-start"):  # its result tuple holds the operand again
+      out = max(out - read, 0.0)
+      sizes[name] = 0.0
+    total += read + out
+  return total
 
 
 def analyze(compiled) -> dict[str, float]:
@@ -126,10 +195,14 @@ def analyze(compiled) -> dict[str, float]:
     # step holding k of them reads -k + its real estimate. Seen: ConcatBitcast (a free
     # concatenation of async slices) and X64Combine (64-bit halves joined, e.g. by the rbg
     # PRNGs). Add them back; anything still <= 0 is no estimate at all.
-    out["optimal_seconds"] += sum(hlo.count(f'custom_call_target="{name}"')
-                                  for name in UNPRICED_CUSTOM_CALLS)
+    # (Inside a lax.cond's branches they lower that branch's price, and XLA prices a cond at
+    # its dearer branch: train/layout.py keeps the raw figure and the count to undo that.)
+    calls = sum(hlo.count(f'custom_call_target="{name}"') for name in UNPRICED_CUSTOM_CALLS)
+    out["optimal_seconds_raw"], out["unpriced_calls"] = out["optimal_seconds"], calls
+    out["optimal_seconds"] += calls
     if out["optimal_seconds"] <= 0:
       del out["optimal_seconds"]
+  out["hbm_traffic_bytes"] = hbm_traffic_bytes(hlo)
   out.update({f"n_{k.replace('-', '_')}": v for k, v in collectives(hlo).items()})
   return out
 

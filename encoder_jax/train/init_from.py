@@ -33,6 +33,10 @@ from flax import nnx, traverse_util
 from encoder_jax import hf
 from encoder_jax.train import pretrained
 from encoder_jax.train.pretrained import Backbone
+from encoder_jax.model import vocab_padding
+
+# The most padding rows a vocabulary leaf can differ by (configs/pretrain.py pads to 128).
+MAX_VOCAB_PADDING = 128
 
 
 def load(spec: str, cache_dir=None) -> Backbone:
@@ -105,7 +109,7 @@ def merge(fresh: dict, source: dict, what: str) -> tuple[dict, list[str], list[s
     if key not in src:
       kept.append(name)
       return leaf
-    value = np.asarray(src[key])
+    value = _fit_vocab_padding(key, np.asarray(src[key]), leaf.shape)
     if value.shape != leaf.shape:
       clash.append(f"{name}: {value.shape} in {what}, {tuple(leaf.shape)} in this run")
       return leaf
@@ -123,6 +127,21 @@ def merge(fresh: dict, source: dict, what: str) -> tuple[dict, list[str], list[s
                      f"{'/'.join(next(iter(src), ('?',)))}) is a parameter of this run's model "
                      "(e.g. an ELECTRA run's parameters for an MLM model?).")
   return merged, taken, kept
+
+
+def _fit_vocab_padding(names: tuple[str, ...], value: np.ndarray, shape) -> np.ndarray:
+  """A vocabulary leaf (token table, MLM bias) of a source written with another vocabulary
+  padding (model.vocab_pad_multiple; e.g. a HF checkpoint's 30,522 rows into a run's 30,592)
+  gets zero rows appended, or its all-zero padding rows cut; anything else is left to the
+  shape check."""
+  if not vocab_padding.is_vocab_leaf(names) or value.shape[1:] != tuple(shape[1:]):
+    return value
+  rows = shape[0]
+  if value.shape[0] < rows and rows - value.shape[0] < MAX_VOCAB_PADDING:
+    return np.pad(value, ((0, rows - value.shape[0]),) + ((0, 0),) * (value.ndim - 1))
+  if value.shape[0] > rows and not np.any(value[rows:]):
+    return value[:rows]
+  return value
 
 
 def check_vocab(run_vocab: str, pre: Backbone) -> None:

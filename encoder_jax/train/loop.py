@@ -79,7 +79,7 @@ from encoder_jax.data import unigram
 from encoder_jax.data.vocab import resolve_vocab
 from encoder_jax.model import matmul
 from encoder_jax.train import flops as flops_lib
-from encoder_jax.train import init_from
+from encoder_jax.train import init_from, layout
 from encoder_jax.train import loop_parts as parts
 from encoder_jax.train import recovery
 from encoder_jax.train import setup, sharding
@@ -198,6 +198,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   workdir = paths.absolute(workdir)  # a gs:// workdir stays one (encoder_jax.paths)
   if not paths.is_uri(workdir):  # (a bucket needs no folders)
     workdir.mkdir(parents=True, exist_ok=True)
+  layout.settle(config, workdir, say=_say)  # mesh=auto on a TPU: compiled candidates
   setup.settle_layers(config, workdir)
   s = setup.build(config)  # the one boundary: below, only the frozen Setup is read
   del config
@@ -210,7 +211,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict:
   # The mesh (data, fsdp, tensor) comes from config.mesh; nothing below depends on it:
   # batches are split over data x fsdp, checkpoints restore into the state's shardings.
   mesh = sharding.mesh_from_config(s.mesh)
-  abstract, state_shardings = sharding.sharded_abstract_state(s.init_fn, mesh)
+  abstract, state_shardings = sharding.sharded_abstract_state(s.init_fn, mesh,
+                                                              s.optim_sharding)
   ckpt = Checkpointer(workdir / "checkpoints", keep=t.keep)
   run = None
   try:
@@ -348,7 +350,9 @@ class _Steps:
     self.abstract = abstract
     batch_sh = sharding.batch_sharding(mesh)
     self.batch = setup.abstract_batch(s.data, batch_sh)
-    jitted = step_lib.make_train_step(s.trainer, state_shardings, batch_sh)
+    jitted = step_lib.make_train_step(
+        s.trainer, state_shardings, batch_sh, sharding.update_shardings(
+            abstract.params, state_shardings.params, mesh, s.optim_sharding))
     self.train = (parts.Precompiled.of(jitted, abstract, self.batch, name="train step")
                   if train_ahead else jitted)
     self.eval = step_lib.make_eval_step(s.trainer)

@@ -36,13 +36,18 @@ Choices and why:
     AdamWeightDecayOptimizer does not (it matters only for the first few thousand steps).
   * Weight-decay mask by parameter path (`decay_mask`), so it works for nnx.State, plain dicts
     and scanned (stacked) blocks alike, where "ndim <= 1" rules would decay a stacked bias [L, d].
-  * Gradient accumulation with optax.MultiSteps, not a scan inside the step: the step stays one
-    code path for k = 1 and k > 1, the partial sum lives in the optimizer state so a checkpoint
-    taken mid-accumulation resumes exactly, and the schedule counts real updates. The cost is
-    one fp32 parameter-sized buffer and k dispatches per update; the trainer calls the step once
-    per micro-batch and folds the micro-step into the mask key. MultiSteps averages micro-batch
-    mean gradients, equal to the full-batch mean when micro-batches carry equal prediction counts
-    (exact-count masking makes them nearly equal).
+  * Gradient accumulation with optax.MultiSteps' state, not a scan inside the step: the step
+    stays one code path for k = 1 and k > 1, the partial sum lives in the optimizer state so a
+    checkpoint taken mid-accumulation resumes exactly, and the schedule counts real updates.
+    The cost is one fp32 parameter-sized buffer and k dispatches per update; the trainer calls
+    the step once per micro-batch and folds the micro-step into the mask key. MultiSteps
+    averages micro-batch mean gradients, equal to the full-batch mean when micro-batches carry
+    equal prediction counts (exact-count masking makes them nearly equal). MultiSteps' own
+    update computes the inner AdamW update at every micro-step and keeps it at the k-th only
+    (and the trainer would add its zero update to the parameters every micro-step): the train
+    step (train/step.py) instead branches with lax.cond on `emits`, running MultiSteps' update
+    and the parameter update (with ZeRO-1 their all-gather too) at the k-th micro-step only,
+    and `accumulate` (exactly MultiSteps' non-emitting result) at the others.
   * LAMB trust ratios per layer: optax.lamb computes one ratio per leaf, which for a scanned
     stack [L, ...] would mix all L layers into one norm. `scale_by_trust_ratio_per_layer`
     computes it per row of stacked leaves and equals optax's otherwise (tested against optax.lamb).
@@ -325,3 +330,19 @@ def build_optimizer(cfg: OptimConfig, *, num_layers: int | None = None) -> Optim
     tx = optax.MultiSteps(tx, every_k_schedule=k).gradient_transformation()
     return OptimizerParts(tx=tx, schedule=lambda call: schedule(call // k))
   return OptimizerParts(tx=tx, schedule=schedule)
+
+
+def emits(opt_state: optax.MultiStepsState, k: int) -> jax.Array:
+  """True when this micro-step is the k-th of its update (MultiSteps applies the update)."""
+  return opt_state.mini_step == k - 1
+
+
+def accumulate(grads: Any, opt_state: optax.MultiStepsState, k: int
+               ) -> optax.MultiStepsState:
+  """optax.MultiSteps(use_grad_mean=True)'s state after a micro-step that does not emit: the
+  running mean of the gradients (Welford, as MultiSteps) and the micro-step count advanced,
+  everything else unchanged (tests/train/test_optim.py checks it against MultiSteps)."""
+  n = opt_state.mini_step
+  acc = jax.tree.map(lambda g, a: (a + (g - a) / (n + 1)).astype(a.dtype), grads,
+                     opt_state.acc_grads)
+  return opt_state._replace(mini_step=optax.safe_increment(n) % k, acc_grads=acc)

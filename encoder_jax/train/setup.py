@@ -27,6 +27,7 @@ from encoder_jax.data.vocab import resolve_vocab
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.objectives import pretraining
 from encoder_jax.train import flops as flops_lib
+from encoder_jax.train import sharding
 from encoder_jax.train import step as step_lib
 from encoder_jax.train.optim import OptimConfig, build_optimizer, learning_rate_schedule
 
@@ -94,16 +95,22 @@ def settle_layers(config: ml_collections.ConfigDict, workdir=None,
   """Writes what "auto" resolves to (`resolve_layers`) into config.model.scan_layers and
   remat_policy, so the run's config.json records the layout its checkpoints have. A run that
   resumes in `workdir` keeps the layout recorded there (a run started on a TPU and resumed on
-  a CPU must restore the same parameter structure); a new run takes its platform's."""
+  a CPU must restore the same parameter structure); a new run takes its platform's. Likewise
+  the token table's padding: a run recorded before model.vocab_pad_multiple existed resumes
+  with its unpadded table (1)."""
   m = config.model
   record = epath.Path(workdir) / CONFIG_FILE if workdir is not None else None
-  if _is_auto(m.scan_layers) and record is not None and record.exists():
+  recorded_model = {}
+  if record is not None and record.exists():
     try:
-      recorded = json.loads(record.read_text())["model"]["scan_layers"]
+      recorded_model = dict(json.loads(record.read_text())["model"])
     except (ValueError, KeyError, TypeError):
-      recorded = "auto"  # no readable record: the platform decides, as for a new run
-    if not _is_auto(recorded):
-      m.scan_layers = str(recorded)
+      recorded_model = {}  # no readable record: decided as for a new run
+  recorded = recorded_model.get("scan_layers", "auto")
+  if _is_auto(m.scan_layers) and not _is_auto(recorded):
+    m.scan_layers = str(recorded)
+  if recorded_model and "vocab_pad_multiple" in m:
+    m.vocab_pad_multiple = int(recorded_model.get("vocab_pad_multiple", 1))
   scan, remat = resolve_layers(m.scan_layers, m.remat_policy, backend)
   m.scan_layers = str(scan) if isinstance(m.scan_layers, str) else scan
   m.remat_policy = remat
@@ -319,6 +326,7 @@ class Setup:
   data: DataSettings
   train: TrainSettings
   mesh: Any  # config.mesh: "auto" or (data, fsdp, tensor) sizes (train/sharding.py)
+  optim_sharding: str  # config.optim_sharding: "replicated" | "zero1" (train/sharding.py)
   init_from: str  # "" or where a new run's parameters come from (train/init_from.py)
   config_json: str  # the whole config, as the run records it in config.json
 
@@ -349,10 +357,13 @@ def build(config: ml_collections.ConfigDict, backend: str | None = None) -> Setu
   for note in notes:
     logging.info("%s", note)
   tx, schedule = build_optimizer(optim_cfg, num_layers=model_cfg.num_layers)
-  trainer, init_fn = step_lib.create(model_cfg, obj, tx, schedule, config.seed)
+  trainer, init_fn = step_lib.create(model_cfg, obj, tx, schedule, config.seed,
+                                     optim_cfg.accumulation_steps)
   mesh = config.get("mesh", "auto")
   return Setup(model_cfg, obj, optim_cfg, trainer, init_fn, fps, B * T, end_step, planned,
                data=DataSettings.of(config), train=t,
                mesh=tuple(mesh) if isinstance(mesh, (list, tuple)) else mesh,
+               optim_sharding=sharding.check_optim_sharding(
+                   config.get("optim_sharding", "replicated")),
                init_from=config.get("init_from", "") or "",
                config_json=config.to_json_best_effort(indent=2, sort_keys=True))

@@ -11,6 +11,17 @@ Variable metadata on mu/nu. The batch is split over data x fsdp.
 
 A dimension that the mesh axis does not divide is replicated instead (logged once): e.g. a
 2-way-head model on a 4-way tensor axis. Each mesh axis is used at most once per array.
+
+Optimizer state sharded over the data axis (`optim_sharding="zero1"`, ZeRO stage 1, Rajbhandari
+et al. 2020): parameters stay as the rules place them (replicated under data parallelism) for
+the forward and backward pass, while every optimizer-state leaf (Adam's moments, an
+accumulation buffer) is split over 'data' on its largest dimension that no other axis splits
+and 'data' divides (`zero1_spec`). The step constrains the gradients and the parameters to
+those shardings before the update (`update_shardings`), so XLA reduce-scatters the gradients
+instead of all-reducing them, each device updates its slice, and the new parameters are
+all-gathered back to their own sharding: the fp32 AdamW update (7.6 ms of BERT-base's step on a
+v5e chip, estimated, replicated) shrinks with the number of data-parallel devices, and so does
+the optimizer state's memory.
 """
 from __future__ import annotations
 
@@ -27,6 +38,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from encoder_jax.model.activation_sharding import BATCH_AXES  # one definition, used by both
 
 MESH_AXES = ("data", "fsdp", "tensor")
+OPTIM_SHARDINGS = ("replicated", "zero1")  # config.optim_sharding
 # logical name -> mesh axis. FSDP shards the model dimension of every matrix; tensor
 # parallelism shards heads, FFN width and the vocabulary (Megatron-style column/row splits).
 RULES: tuple[tuple[str, str | None], ...] = (
@@ -112,24 +124,72 @@ def logical_to_mesh(logical: P, shape: Sequence[int], mesh: Mesh,
   return P(*out)
 
 
+def check_optim_sharding(optim_sharding: str) -> str:
+  if optim_sharding not in OPTIM_SHARDINGS:
+    raise ValueError(f"config.optim_sharding={optim_sharding!r}; use one of {OPTIM_SHARDINGS} "
+                     "(zero1: optimizer state and update split over the data axis).")
+  return optim_sharding
+
+
+def zero1_spec(spec: P, shape: Sequence[int], mesh: Mesh, axis: str = "data") -> P:
+  """`spec` with `axis` added on the largest dimension that is unsplit and that `axis`
+  divides; unchanged when the axis has size 1, is already used, or divides no free dimension
+  (e.g. a [2] bias on 16 devices: it stays replicated, a few bytes)."""
+  n = mesh.shape[axis]
+  entries = list(spec) + [None] * (len(shape) - len(spec))
+  used = {a for e in entries if e is not None for a in (e if isinstance(e, tuple) else (e,))}
+  if n == 1 or axis in used:
+    return P(*entries)
+  free = [i for i, (dim, e) in enumerate(zip(shape, entries)) if e is None and dim % n == 0]
+  if free:
+    entries[max(free, key=lambda i: (shape[i], -i))] = axis
+  return P(*entries)
+
+
+def _zero1(shardings: Any, abstract: Any, mesh: Mesh) -> Any:
+  return jax.tree.map(
+      lambda sh, leaf: NamedSharding(mesh, zero1_spec(sh.spec, leaf.shape, mesh))
+      if isinstance(sh, NamedSharding) else sh, shardings, abstract,
+      is_leaf=lambda x: isinstance(x, (NamedSharding, optax.MaskedNode)))
+
+
 def state_shardings(abstract_state: Any, mesh: Mesh,
-                    rules: Sequence[tuple[str, str | None]] = RULES) -> Any:
-  """NamedSharding for every leaf of an (abstract) train state / params tree."""
+                    rules: Sequence[tuple[str, str | None]] = RULES,
+                    optim_sharding: str = "replicated") -> Any:
+  """NamedSharding for every leaf of an (abstract) train state / params tree. With
+  optim_sharding="zero1" a train state's `opt_state` is split over 'data' (module docstring)."""
   specs = nnx.get_partition_spec(abstract_state)
   # optax.MaskedNode (the state slot of a leaf another transform owns, e.g. a frozen encoder
   # under optax.multi_transform) holds no array: it stays itself.
   masked = lambda x: isinstance(x, optax.MaskedNode)
-  return jax.tree.map(
+  out = jax.tree.map(
       lambda spec, leaf: leaf if masked(leaf) else NamedSharding(
           mesh, logical_to_mesh(spec, leaf.shape, mesh, rules)),
       specs, abstract_state, is_leaf=lambda x: isinstance(x, P) or masked(x))
+  if check_optim_sharding(optim_sharding) == "zero1":
+    if not hasattr(out, "opt_state"):
+      raise ValueError("optim_sharding='zero1' shards a train state's opt_state; this tree "
+                       "has none.")
+    out = out._replace(opt_state=_zero1(out.opt_state, abstract_state.opt_state, mesh))
+  return out
 
 
-def sharded_abstract_state(init_fn, mesh) -> tuple[Any, Any]:
+def update_shardings(abstract_params: Any, params_shardings: Any, mesh: Mesh,
+                     optim_sharding: str = "replicated") -> Any | None:
+  """Where the step computes the optimizer update: the parameters' shardings with 'data'
+  added (zero1), None when the update runs where the parameters live (replicated)."""
+  if check_optim_sharding(optim_sharding) == "replicated":
+    return None
+  return _zero1(params_shardings, abstract_params, mesh)
+
+
+def sharded_abstract_state(init_fn, mesh, optim_sharding: str = "replicated"
+                           ) -> tuple[Any, Any]:
   """(the state's shapes with their shardings, the shardings): parameters and optimizer state
-  follow their logical axis names on `mesh`."""
+  follow their logical axis names on `mesh` (the optimizer state also split over 'data' with
+  optim_sharding="zero1")."""
   abstract = jax.eval_shape(init_fn)
-  shardings = state_shardings(abstract, mesh)
+  shardings = state_shardings(abstract, mesh, optim_sharding=optim_sharding)
   return jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
                       abstract, shardings), shardings
 

@@ -23,6 +23,7 @@ from encoder_jax.model.attention import describe_attention
 from encoder_jax.model.matmul import describe_dots
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.objectives import pretraining
+from encoder_jax.train import optim
 # The objective's config and model choice are the step's static inputs; re-exported so that
 # callers building a step need one import.
 from encoder_jax.objectives.pretraining import ObjectiveConfig, build_model
@@ -43,10 +44,12 @@ class Trainer:
   schedule: Callable[[jax.Array], jax.Array]
   obj: ObjectiveConfig
   seed: int
+  accumulation_steps: int = 1  # micro-batches per update (tx is an optax.MultiSteps of them)
 
 
 def create(cfg: ModelConfig, obj: ObjectiveConfig, tx: optax.GradientTransformation,
-           schedule, seed: int) -> tuple[Trainer, Callable[[], TrainState]]:
+           schedule, seed: int, accumulation_steps: int = 1
+           ) -> tuple[Trainer, Callable[[], TrainState]]:
   """Returns the Trainer and a function that builds the initial TrainState.
 
   The init function is pure (jit it with out_shardings to initialise directly sharded; see
@@ -68,7 +71,8 @@ def create(cfg: ModelConfig, obj: ObjectiveConfig, tx: optax.GradientTransformat
     params = nnx.state(model, nnx.Param)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
-  return Trainer(graphdef_train, graphdef_eval, tx, schedule, obj, seed), init
+  return Trainer(graphdef_train, graphdef_eval, tx, schedule, obj, seed,
+                 accumulation_steps), init
 
 
 def step_key(seed: int, step: jax.Array) -> jax.Array:
@@ -92,15 +96,24 @@ def train_loss(tr: Trainer, params, step: jax.Array, batch
 def make_step(loss_fn: Callable, tx: optax.GradientTransformation, schedule, *,
               state_shardings=None, batch_shardings=None, extra_shardings=(),
               frozen: Callable[[Any], bool] | None = None,
-              grad_metrics: Callable[[Any], dict[str, jax.Array]] | None = None):
+              grad_metrics: Callable[[Any], dict[str, jax.Array]] | None = None,
+              update_shardings=None, accumulation_steps: int = 1):
   """jit(state, batch, *extra) -> (state, metrics) of `loss_fn(params, step, batch, *extra) ->
   (loss, metrics)`, donating the old state; metrics gain the loss, "grad_norm" and the learning
   rate. Leaves whose path `frozen` marks get no gradient (XLA drops their backward pass) and
   come back unchanged (a zero update could still turn -0.0 into +0.0). With shardings, it traces
   under their abstract mesh: activations keep the batch split (model/activation_sharding.py).
   `grad_metrics(grads) -> dict` adds metrics computed from this step's gradients (before
-  clipping), e.g. per-layer norms (experiments/layer_grads.py)."""
+  clipping), e.g. per-layer norms (experiments/layer_grads.py). `update_shardings` (a
+  params-shaped tree, sharding.update_shardings) is where the optimizer update runs: the
+  gradients and parameters are constrained to it before `tx.update` (ZeRO-1: split over
+  'data', so the gradients are reduce-scattered and each device updates its slice), and the
+  new parameters go back to `state_shardings` (gathered). With `accumulation_steps` k > 1
+  (`tx` an optax.MultiSteps of k) only every k-th call runs the optimizer and changes the
+  parameters; the others add the gradient to MultiSteps' running mean (optim.accumulate),
+  through lax.cond, so neither the update nor its gather run k times."""
   mesh = next((s.mesh for s in jax.tree.leaves(state_shardings) if hasattr(s, "mesh")), None)
+  param_shardings = getattr(state_shardings, "params", None)
   keep_frozen = lambda new, old: jax.tree_util.tree_map_with_path(
       lambda path, n, o: o if frozen(path) else n, new, old)
 
@@ -110,8 +123,20 @@ def make_step(loss_fn: Callable, tx: optax.GradientTransformation, schedule, *,
     with (contextlib.nullcontext() if mesh is None
           else jax.sharding.use_abstract_mesh(mesh.abstract_mesh)):
       (loss, metrics), grads = jax.value_and_grad(loss_of, has_aux=True)(state.params)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    old_params = state.params
+    if update_shardings is not None:
+      grads, old_params = (jax.lax.with_sharding_constraint(t, update_shardings)
+                           for t in (grads, old_params))
+
+    update = lambda g, o, old, _: apply_update(tx, g, o, old, param_shardings
+                                               if update_shardings is not None else None)
+    if accumulation_steps > 1:
+      params, opt_state = jax.lax.cond(
+          optim.emits(state.opt_state, accumulation_steps), update,
+          lambda g, o, _, p: (p, optim.accumulate(g, o, accumulation_steps)),
+          grads, state.opt_state, old_params, state.params)
+    else:
+      params, opt_state = update(grads, state.opt_state, old_params, state.params)
     if frozen is not None:
       params = keep_frozen(params, state.params)
     metrics = {"loss": loss, **metrics, "grad_norm": optax.tree.norm(grads),
@@ -125,10 +150,25 @@ def make_step(loss_fn: Callable, tx: optax.GradientTransformation, schedule, *,
   return jax.jit(train_step, donate_argnums=(0,), **kw)
 
 
-def make_train_step(tr: Trainer, state_shardings=None, batch_shardings=None):
+def apply_update(tx: optax.GradientTransformation, grads, opt_state, params,
+                 gather_to=None) -> tuple[Any, Any]:
+  """(new params, new optimizer state): `tx`'s update applied where `params` are placed,
+  then constrained to `gather_to` (ZeRO-1: the gather of the split parameters). The step's
+  optimizer half, also compiled alone by train/layout.py to price it."""
+  updates, opt_state = tx.update(grads, opt_state, params)
+  new = optax.apply_updates(params, updates)
+  if gather_to is not None:
+    new = jax.lax.with_sharding_constraint(new, gather_to)
+  return new, opt_state
+
+
+def make_train_step(tr: Trainer, state_shardings=None, batch_shardings=None,
+                    update_shardings=None):
   """The pre-training step: make_step of `train_loss` (jit(state, batch) -> (state, metrics))."""
   return make_step(lambda p, step, batch: train_loss(tr, p, step, batch), tr.tx, tr.schedule,
-                   state_shardings=state_shardings, batch_shardings=batch_shardings)
+                   state_shardings=state_shardings, batch_shardings=batch_shardings,
+                   update_shardings=update_shardings,
+                   accumulation_steps=tr.accumulation_steps)
 
 
 def make_eval_step(tr: Trainer, eval_seed: int = 1234):

@@ -90,6 +90,12 @@ def run(case):
   config.data.batch_size = 32
   if case.get("mesh"):
     config.mesh = case["mesh"]
+  for key, value in case.get("set", {}).items():  # "optim.accumulation_steps": 2, ...
+    *parents, leaf = key.split(".")
+    node = config
+    for part in parents:
+      node = node[part]
+    node[leaf] = value
   devices = topologies.get_topology_desc(platform="tpu", topology_name=case["topology"]).devices
   compiled, s, _, _, mesh, secs = cc.compile_train_step(config, devices)
   hlo = compiled.as_text()
@@ -101,7 +107,8 @@ def run(case):
       program=cc.describe_program(s.model_cfg), dots=dots, while_loops=hlo.count(" while("),
       explicit="attention_explicit" in hlo, xla_attention="attention_xla" in hlo,
       pallas="attention_pallas" in hlo, mosaic='custom_call_target="tpu_custom_call"' in hlo,
-      rbg="rng-bit-generator(" in hlo, mesh=dict(mesh.shape), analysis=a, secs=secs)),
+      rbg="rng-bit-generator(" in hlo, mesh=dict(mesh.shape), analysis=a, secs=secs,
+      conditionals=hlo.count(" conditional("))),
       flush=True)
 for case in json.loads(sys.argv[1]):
   try:
@@ -122,6 +129,10 @@ _CASES = {
     # also the rbg PRNG's case: neither the attention path nor the cost model's estimate
     # depends on the other
     "untileable_rows": dict(arg="dropout=none,runlocal", topology="v5e:2x2", prng="rbg"),
+    # mesh=auto's favourite on a v5e: data parallel, the optimizer split over the data axis,
+    # two micro-steps an update.
+    "zero1": dict(arg="size=mini,dropout=none", topology="v5e:2x2", mesh="-1,1,1",
+                  set={"optim_sharding": "zero1", "optim.accumulation_steps": 2}),
 }
 
 
@@ -203,3 +214,14 @@ def test_fsdp_gathers_parameters_and_reduce_scatters_gradients(compiled):
   assert r["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
   assert r["analysis"].get("n_reduce_scatter", 0) >= 1, r["analysis"]
   assert r["analysis"].get("n_all_gather", 0) >= 1, r["analysis"]
+
+
+def test_zero1_reduce_scatters_gradients_and_gathers_parameters_on_a_tpu(compiled):
+  """ZeRO-1 with accumulation, compiled for a v5e-4: the gradients are reduce-scattered (not
+  all-reduced) and the parameters all-gathered, and the optimizer sits in a conditional (the
+  k-th micro-step's branch, train/step.py)."""
+  r = compiled["zero1"]
+  assert r["mesh"] == {"data": 4, "fsdp": 1, "tensor": 1}
+  assert r["analysis"].get("n_reduce_scatter", 0) >= 1, r["analysis"]
+  assert r["analysis"].get("n_all_gather", 0) >= 1, r["analysis"]
+  assert r["conditionals"] >= 1

@@ -62,3 +62,31 @@ def test_cli_prints_memory_and_the_sharding_table(env):
   names = [line.split()[0] for line in out.splitlines() if "kernel" in line and "P(" in line]
   assert names and all(re.fullmatch(r"[\w/]+", n) for n in names), names
   assert any(re.search(r"/blocks/\d+/attn/qkv_kernel$", n) for n in names), names
+
+
+# A TPU program's entry computation as XLA prints it (jnp.tanh(x @ y).sum(0) + y[0].sum() on a
+# v5e, layouts kept, attributes trimmed): x is prefetched into VMEM (S(1)), the matmul's
+# result stays in VMEM, y is read twice from HBM.
+_TPU_ENTRY = """
+%fused_computation.1 (param_0.10: bf16[256,512]) -> f32[1024] {
+  %param_0.10 = bf16[256,512]{1,0:T(8,128)(2,1)S(1)} parameter(0)
+}
+ENTRY %main.3 (x.1: bf16[256,512], y.1: f32[512,1024]) -> f32[1024] {
+  %x.1 = bf16[256,512]{1,0:T(8,128)(2,1)} parameter(0), sharding={replicated}
+  %copy-start = (bf16[256,512]{1,0:S(1)}, bf16[256,512]{1,0}, u32[]{:S(2)}) copy-start(%x.1)
+  %y.1 = f32[512,1024]{1,0:T(8,128)} parameter(1), sharding={replicated}
+  %slice_reduce_fusion = f32[]{:T(128)} fusion(%y.1), kind=kLoop, calls=%fused_computation.3
+  %copy-done = bf16[256,512]{1,0:T(8,128)(2,1)S(1)} copy-done(%copy-start)
+  %fusion = f32[1024]{0:T(1024)S(1)} fusion(%copy-done, %y.1), kind=kOutput
+  ROOT %add_fusion = f32[1024]{0:T(1024)} fusion(%fusion, %slice_reduce_fusion), kind=kLoop
+}
+"""
+
+
+def test_hbm_traffic_counts_hbm_operands_and_results_of_top_level_ops():
+  x, y = 256 * 512 * 2, 512 * 1024 * 4
+  want = (x            # the prefetch reads x from HBM (its VMEM copy is free to read)
+          + y + 4      # slice_reduce_fusion reads all of y, writes a scalar
+          + y          # the matmul fusion reads y; its result stays in VMEM
+          + 4 + 4096)  # the last fusion reads the scalar, writes f32[1024] to HBM
+  assert compile_check.hbm_traffic_bytes(_TPU_ENTRY) == want

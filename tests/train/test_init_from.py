@@ -45,6 +45,28 @@ def test_layers_are_taken_in_the_run_s_layout():
   jax.tree.map(np.testing.assert_array_equal, merged, scanned)
 
 
+def test_a_source_without_vocabulary_padding_fills_a_padded_run():
+  """A HF checkpoint's 30,522-row table (and MLM bias) into a run padded to 30,592 rows
+  (model.vocab_pad_multiple): zero rows appended; a padded source into an unpadded run:
+  its zero rows cut; non-zero rows past the run's table are a real size clash."""
+  table = ("bert", "encoder", "embeddings", "token", "embedding")
+  fresh = {"bert": {"encoder": {"embeddings": {"token": {"embedding": np.ones((48, 4))}}}},
+           "mlm": {"bias": np.ones(48)}}
+  src = {"bert": {"encoder": {"embeddings": {"token": {"embedding": np.full((45, 4), 2.0)}}}},
+         "mlm": {"bias": np.full(45, 3.0)}}
+  merged, taken, _ = init_from.merge(fresh, src, "src")
+  got = merged
+  for k in table:
+    got = got[k]
+  assert len(taken) == 2 and got.shape == (48, 4) and (got[:45] == 2).all()
+  assert not got[45:].any() and not merged["mlm"]["bias"][45:].any()
+  back, _, _ = init_from.merge(src, merged, "padded")  # padded source, unpadded run
+  assert back["mlm"]["bias"].shape == (45,)
+  merged["mlm"]["bias"][46] = 1.0  # a real row past the run's table: not padding
+  with pytest.raises(ValueError, match=r"mlm/bias: \(48,\) in src, \(45,\) in this run"):
+    init_from.merge(src, merged, "src")
+
+
 def test_an_encoder_goes_where_each_objective_keeps_it():
   pre = Backbone(None, encoder={"e": 1}, pooler={"p": 2}, source="x")
   assert init_from.source_tree(pre, is_electra=False) == {"bert": {"encoder": {"e": 1},

@@ -214,3 +214,49 @@ def test_electra_step_gradient_is_generator_plus_50_discriminator():
   # No discriminator gradient reaches the generator's own layers; the RTD head learns from RTD.
   assert all((np.asarray(x) == 0).all() for x in jax.tree.leaves(g_disc["generator"]["blocks"]))
   assert all((np.asarray(x) == 0).all() for x in jax.tree.leaves(g_gen["rtd"]))
+
+
+def test_accumulation_runs_the_optimizer_only_at_the_kth_micro_step():
+  """With optim.accumulation_steps = 3 the step branches (lax.cond): AdamW and the parameter
+  update sit in the emitting branch only, and 6 calls give exactly what optax.MultiSteps'
+  own update (which computes AdamW every call and keeps it every 3rd) gives."""
+  cfg, obj, batch = tiny()
+  parts = build_optimizer(OptimConfig(learning_rate=1e-2, warmup_steps=0, total_steps=4,
+                                      accumulation_steps=3))
+  batch = {k: jnp.asarray(v) for k, v in batch.items()}
+  states = []
+  for k in (3, 1):  # 1: MultiSteps' tx.update called every step, as before the branch
+    tr, init = step_lib.create(cfg, obj, parts.tx, parts.schedule, seed=0,
+                               accumulation_steps=k)
+    state, step = loop.initial_state(init), step_lib.make_train_step(tr)
+    for _ in range(6):
+      state, _ = step(state, batch)
+    states.append(state)
+  got, want = states
+  assert int(got.opt_state.gradient_step) == 2 and int(got.step) == 6
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+               (got.params, got.opt_state), (want.params, want.opt_state))
+  # Where the optimizer runs: Adam's bias correction (b ** count, a `pow`) only inside the
+  # cond's emitting branch (a sqrt would not do: the grad_norm metric takes one every step).
+  tr, init = step_lib.create(cfg, obj, parts.tx, parts.schedule, seed=0, accumulation_steps=3)
+  jaxpr = jax.make_jaxpr(step_lib.make_train_step(tr))(jax.eval_shape(init), batch).jaxpr
+  (jitted,) = jaxpr.eqns  # the jit itself; its body:
+  jaxpr = jitted.params["jaxpr"].jaxpr
+  conds = [e for e in jaxpr.eqns if e.primitive.name == "cond"]
+  outside = _primitives(jaxpr.replace(eqns=[e for e in jaxpr.eqns if e not in conds]))
+  assert "pow" in _primitives(jaxpr) and "pow" not in outside and len(conds) == 1
+  branch_ops = [_primitives(b.jaxpr) for b in conds[0].params["branches"]]
+  assert ["pow" in ops for ops in branch_ops] == [False, True]  # (false, true) branches
+
+
+def _primitives(jaxpr) -> set[str]:
+  """Every primitive of `jaxpr` and of the jaxprs nested in its equations (jit, cond, scan)."""
+  out = set()
+  for e in jaxpr.eqns:
+    out.add(e.primitive.name)
+    for v in e.params.values():
+      for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          out |= _primitives(inner)
+  return out

@@ -1,0 +1,106 @@
+"""What XLA's TPU cost model can say about our step (`bench/tpu_aot.py --calibrate`). Every
+time here is the compiler's ESTIMATE, never a measurement.
+
+  * Its ceiling: lone bf16 matmuls of the step's shapes on one v5e chip.
+  * BERT-base MLM+NSP s128 at 64 rows a chip on v5e-16 (unrolled layers, `dots` remat, the
+    program the pod runs), under FSDP, data parallelism and data parallelism with the
+    optimizer split over the data axis (ZeRO-1), with the token table padded or not. Beside
+    each estimate: XLA's "bytes accessed" (the cost model's sum over the program's accesses,
+    fusion internals included: NOT HBM traffic) and the HBM traffic of the compiled program
+    (compile_check.hbm_traffic_bytes: HBM-resident operands and results of its top-level ops).
+  * The optimizer update alone (the branch of the step that applies AdamW, ZeRO-1's gather
+    included) for BERT-base on 4, 16 and 64 v5e chips, replicated and split.
+"""
+from __future__ import annotations
+
+import datetime
+import pathlib
+
+# Google Cloud's v5e spec sheet: 819 GB/s of HBM bandwidth a chip.
+V5E_HBM_BYTES_S = 819e9
+# The step's estimate before the vocabulary padding and the fp32 embedding gather, same
+# libtpu, same config (data parallel, 64 rows a chip, dots, unrolled): the 2026-12-04
+# calibration of this file's predecessor.
+BEFORE_PADDING_MS = 64.00
+
+
+def _matmuls(devices, peak) -> list[str]:
+  import jax
+  import jax.numpy as jnp
+  from encoder_jax.train import compile_check as cc
+  one = jax.sharding.SingleDeviceSharding(devices[0])
+  lines = ["Lone bf16 matmuls (fp32 accumulation) on one v5e chip, est. MFU = 2mkn / (est x "
+           "peak):"]
+  for m, k, n, what in ((2048, 768, 3072, "BERT-base FFN, 16 rows x 128 a chip"),
+                        (8192, 768, 3072, "BERT-base FFN, 64 rows x 128 a chip"),
+                        (4096, 1024, 4096, "BERT-large FFN, 8 rows x 512 a chip"),
+                        (8192, 8192, 8192, "square 8192")):
+    a = jax.ShapeDtypeStruct((m, k), jnp.bfloat16, sharding=one)
+    b = jax.ShapeDtypeStruct((k, n), jnp.bfloat16, sharding=one)
+    mm = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32)
+                 .astype(jnp.bfloat16)).lower(a, b).compile()
+    est = cc.analyze(mm)["optimal_seconds"]
+    lines.append(f"  {m}x{k}x{n} ({what}): est {est * 1e6:.1f} us, est MFU "
+                 f"{2 * m * k * n / (est * peak):.3f}")
+  return lines
+
+
+def _layouts(devices, peak) -> list[str]:
+  from configs import pretrain
+  from encoder_jax.train import layout
+  from encoder_jax.train import setup
+  pricer = layout.Pricer(devices)
+  lines = ["", "BERT-base MLM+NSP s128, 64 rows a chip (batch 1024) on v5e-16, unrolled, remat "
+           f"dots. 'HBM time' = bytes / {V5E_HBM_BYTES_S / 1e9:.0f} GB/s; XLA's 'bytes "
+           "accessed' is not HBM traffic (it reads 2-4x the traffic of the compiled "
+           "program's top-level ops):"]
+  for mesh, optim, pad in (("1,-1,1", "replicated", 128), ("-1,1,1", "replicated", 128),
+                           ("-1,1,1", "zero1", 128), ("-1,1,1", "zero1", 1)):
+    config = pretrain.get_config("size=base,nsp=nsp")
+    config.data.batch_size = 1024
+    config.model.vocab_pad_multiple = pad
+    lay = layout.Layout(mesh, optim, 64, "dots", False)
+    p = pricer.price(config, lay)
+    s = setup.build(layout.configure(config, lay, len(devices)), "tpu")
+    acc, hbm = p.record.get("bytes_accessed", 0), p.record.get("hbm_traffic_bytes", 0)
+    lines.append(
+        f"  {lay.describe()}, vocabulary padded to a multiple of {pad}: est step "
+        f"{p.est_step_s * 1e3:.2f} ms, est MFU {p.est_mfu:.3f}, {p.hbm_gib:.2f} GiB a chip; "
+        f"6N FLOPs at peak {s.flops_per_step / 16 / peak * 1e3:.2f} ms; bytes accessed "
+        f"{acc / 2**30:.2f} GiB ({acc / V5E_HBM_BYTES_S * 1e3:.1f} ms), HBM traffic "
+        f"{hbm / 2**30:.2f} GiB ({hbm / V5E_HBM_BYTES_S * 1e3:.1f} ms)")
+  lines.append(f"  (before the padding and the fp32 embedding gather, data parallel with the "
+               f"optimizer replicated, same libtpu: est step {BEFORE_PADDING_MS:.2f} ms)")
+  return lines
+
+
+def _optimizer(peak) -> list[str]:
+  del peak
+  from configs import pretrain
+  from encoder_jax.train import layout
+  from jax.experimental import topologies
+  lines = ["", "The optimizer update alone (AdamW on BERT-base's 110M fp32 parameters, the "
+           "step's update branch: ZeRO-1's gather included), est ms:"]
+  for topo, name in (("v5e:2x2", "v5e-4"), ("v5e:4x4", "v5e-16"), ("v5e:8x8", "v5e-64")):
+    devices = topologies.get_topology_desc(platform="tpu", topology_name=topo).devices
+    pricer, figures = layout.Pricer(devices), []
+    for optim in ("replicated", "zero1"):
+      config = pretrain.get_config("size=base,nsp=nsp")
+      config.data.batch_size = 8 * len(devices)
+      c = layout.configure(config, layout.Layout("-1,1,1", optim, 8, "dots", False),
+                           len(devices))
+      figures.append(pricer.branch_estimates(c)[0]["optimal_seconds"] * 1e3)
+    lines.append(f"  {name}: replicated {figures[0]:.2f}, ZeRO-1 {figures[1]:.2f}")
+  return lines
+
+
+def calibrate(path: pathlib.Path) -> None:
+  from encoder_jax.train import flops as flops_lib
+  from jax.experimental import topologies
+  devices = topologies.get_topology_desc(platform="tpu", topology_name="v5e:4x4").devices
+  peak = flops_lib.peak_flops_per_device(devices[0].device_kind)
+  lines = [f"# XLA's TPU cost model, calibrated (bench/tpu_aot.py --calibrate, "
+           f"{datetime.date.today()}); every time here is the COMPILER'S ESTIMATE", ""]
+  lines += _matmuls(devices, peak) + _layouts(devices, peak) + _optimizer(peak)
+  path.write_text("\n".join(lines) + "\n")
+  print(path.read_text())
