@@ -144,8 +144,9 @@ def export_run(workdir: str | os.PathLike, out: str | os.PathLike, step: int | N
   step = run.good_step(step, report=lambda line: report(f"export: {line}"))
   report(f"export: restoring checkpoint {step} onto one device")
   # fp32 numerics whatever the run computed in ("auto" is bf16 on TPU/GPU): the folder holds
-  # fp32 weights and the reload check compares with transformers in fp32.
-  model = run.model(step, dtype="float32", dot_dtype="")
+  # fp32 weights and the reload check compares with transformers in fp32. The token table's
+  # padding rows (model.vocab_pad_multiple) stay behind: HF's tables have vocab_size rows.
+  model = run.model(step, dtype="float32", dot_dtype="", vocab_pad_multiple=1)
   report(f"export: writing {family.name} to {out}")
   tok = _tokenizer(run.vocab)
   written = family.export(model, out, vocab=run.vocab, pad_id=tok.pad_id)

@@ -43,6 +43,7 @@ from flax import nnx
 
 from encoder_jax import paths
 from encoder_jax.data.vocab import resolve_vocab
+from encoder_jax.model import vocab_padding
 from encoder_jax.objectives import pretraining
 from encoder_jax.train import setup as setup_lib
 
@@ -247,15 +248,19 @@ class RunDir:
   def model(self, step: int, **numerics: Any) -> nnx.Module:
     """The run's pre-training model (BertForPreTraining or ElectraModel) with the parameters
     of checkpoint `step`, in eval mode. `numerics`: ModelConfig fields to compute with
-    instead of the run's (dtype="float32", ...); ones that change a parameter's shape fail."""
+    instead of the run's (dtype="float32", ...); ones that change a parameter's shape fail,
+    except vocab_pad_multiple=1: the token table and MLM biases without their padding rows
+    (what an export writes: a HF model has exactly vocab_size rows)."""
     s = self.setup
-    graphdef = s.trainer.graphdef_eval
+    graphdef, params = s.trainer.graphdef_eval, self.params(step)
     if numerics:
       cfg = s.model_cfg.replace(**numerics)
       abstract = nnx.eval_shape(lambda: pretraining.build_model(cfg, s.obj, rngs=nnx.Rngs(0)))
       abstract.eval()
       graphdef, _ = nnx.split(abstract, nnx.Param)
-    return nnx.merge(graphdef, self.params(step))
+      if cfg.padded_vocab_size != s.model_cfg.padded_vocab_size:
+        params = vocab_padding.unpad_vocab(params, cfg.padded_vocab_size)
+    return nnx.merge(graphdef, params)
 
   def pure_params(self, step: int) -> dict[str, Any]:
     """params(step) as nested dicts of host numpy arrays."""

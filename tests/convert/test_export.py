@@ -28,6 +28,7 @@ import loop_helpers  # noqa: E402
 from loop_helpers import tiny_config  # noqa: E402
 
 from encoder_jax.convert import export  # noqa: E402
+from encoder_jax.model import vocab_padding  # noqa: E402
 from encoder_jax.convert import load_hf_bert, load_hf_electra_pair  # noqa: E402
 from encoder_jax.hf.bert import _pure_params  # noqa: E402
 from encoder_jax.data import tokenizer  # noqa: E402
@@ -68,11 +69,27 @@ def electra_run(env, tmp_path_factory):
 
 
 def _checkpoint_params(workdir, step):
-  """The run's parameters at `step`, read by Orbax alone (no model, no abstract state)."""
+  """The run's parameters at `step`, read by Orbax alone (no model, no abstract state), without
+  the token table's padding rows (model.vocab_pad_multiple), which an export leaves behind:
+  they must be zero."""
   raw = ocp.StandardCheckpointer().restore(workdir / "checkpoints" / str(step) / "state")
   unwrap = lambda t: ({k: unwrap(v) for k, v in t.items()} if not set(t) == {"value"}
                       else np.asarray(t["value"])) if isinstance(t, dict) else np.asarray(t)
-  return unwrap(raw["params"])
+  params = unwrap(raw["params"])
+  vocab_size = json.loads((workdir / "config.json").read_text())["model"]["vocab_size"]
+  padded = vocab_padding.pad_vocab(vocab_padding.unpad_vocab(params, vocab_size),
+                                   len(_token_table(params)))
+  jax.tree.map(np.testing.assert_array_equal, padded, params)  # the padding rows are zero
+  return vocab_padding.unpad_vocab(params, vocab_size)
+
+
+def _token_table(params):
+  for k, v in params.items():
+    if k == "token" and "embedding" in v:
+      return v["embedding"]
+    if isinstance(v, dict) and (found := _token_table(v)) is not None:
+      return found
+  return None
 
 
 def _run_scans(workdir) -> bool:
@@ -234,7 +251,7 @@ def test_a_roberta_shaped_run_exports_as_roberta_and_reloads_with_its_logits(
   with torch.no_grad():
     ref = hf.eval()(input_ids=torch.tensor(theirs["input_ids"]),
                     attention_mask=torch.tensor(theirs["attention_mask"])).logits.numpy()
-  model = RunDir.find(workdir).model(2)
+  model = RunDir.find(workdir).model(2, vocab_pad_multiple=1)  # HF's vocab_size columns
   logits, _, _ = model(ours_rows["input_ids"], ours_rows["mask"])
   assert np.abs(np.asarray(logits)[mask] - ref[mask]).max() <= TOL
 
@@ -265,7 +282,7 @@ def test_electra_shaped_runs_export_and_reload_with_their_outputs(tmp_path, pres
   mask = ids != 0
   with torch.no_grad():
     out = hf(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask.astype(np.int64)))
-  model = RunDir.find(tmp_path / "run").model(7)
+  model = RunDir.find(tmp_path / "run").model(7, vocab_pad_multiple=1)
   if classes[0][0] == "ElectraModel":
     ours, theirs = model.discriminator(ids, mask).hidden_BxTxD, out.last_hidden_state
   else:

@@ -12,6 +12,7 @@ from flax import nnx
 from configs import pretrain as pretrain_config
 from encoder_jax import hf
 from encoder_jax.data import fetch
+from encoder_jax.model import vocab_padding
 from encoder_jax.train import init_from, loop, setup
 from encoder_jax.train.pretrained import Backbone
 
@@ -169,7 +170,9 @@ def test_a_roberta_folder_continues_pre_training_with_its_lm_head(env, tmp_path)
   config.init_from = str(folder)
   state = loop.start_state(setup.build(config))
   assert int(state.step) == 0
-  p = nnx.to_pure_dict(state.params)
+  padded = nnx.to_pure_dict(state.params)
+  p = vocab_padding.unpad_vocab(padded, hf.config.vocab_size)  # the run pads its table to 128
+  assert not np.asarray(padded["mlm"]["bias"][hf.config.vocab_size:]).any()
   emb, head = p["bert"]["encoder"]["embeddings"], p["mlm"]
   # the run's layer layout (unrolled on a CPU), whatever layout the folder was read in
   blocks = p["bert"]["encoder"]["blocks"]
