@@ -157,6 +157,18 @@ def _job_key(job) -> tuple:
                                                    sort_keys=True))
 
 
+def in_repo(path: os.PathLike | str, repo: os.PathLike | str = REPO) -> str:
+  """`path` relative to the repository when it lies inside it ("." for its root), so committed
+  records name no folder of the machine they ran on; other paths as given."""
+  text = str(path)
+  if not os.path.isabs(text):
+    return text
+  try:
+    return str(pathlib.Path(text).resolve().relative_to(pathlib.Path(repo).resolve()))
+  except ValueError:
+    return text
+
+
 def make_record(grid: Grid, *, action: str, scale: str = "", workdir=None, out=None,
                 points: Sequence[Point] | None = None, argv: Sequence[str] | None = None,
                 repo: os.PathLike | str = REPO) -> dict[str, Any]:
@@ -185,11 +197,11 @@ def make_record(grid: Grid, *, action: str, scale: str = "", workdir=None, out=N
       row["status_before"] = runner.status(workdir, p)
     rows.append(row)
   return {
-      "action": action, "date": _now(), "command": shlex.join(command), "argv": argv,
-      "cwd": os.getcwd(),
+      "action": action, "date": _now(), "command": shlex.join(command),
+      "argv": [in_repo(a, repo) for a in argv], "cwd": in_repo(os.getcwd(), repo),
       "grid": {"name": grid.name, "title": grid.title, "scale": scale,
-               "workdir": None if workdir is None else str(workdir),
-               "out": None if out is None else str(out)},
+               "workdir": None if workdir is None else in_repo(workdir, repo),
+               "out": None if out is None else in_repo(out, repo)},
       "git": process_git_state(repo), "host": host(), "packages": package_versions(),
       "env": {k: os.environ[k] for k in ENV_VARS if k in os.environ},
       "pretrain_configs": {arg: _jsonable(resolve_config(arg, {}).to_dict())
@@ -240,7 +252,7 @@ def record_tool(out_dir: os.PathLike | str, module: str, flag_values: Mapping[st
   rec = {"action": module.rsplit(".", 1)[-1], "date": _now(),
          "command": shlex.join(["python", "-m", module, *sys.argv[1:]]),
          "flags": _jsonable(dict(flag_values)), "git": process_git_state(), "host": host(),
-         "packages": package_versions(), "minutes": minutes, "cwd": os.getcwd()}
+         "packages": package_versions(), "minutes": minutes, "cwd": in_repo(os.getcwd())}
   return _append(pathlib.Path(out_dir), rec)
 
 

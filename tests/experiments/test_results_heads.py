@@ -35,3 +35,14 @@ def test_a_tool_s_results_md_opens_with_its_newest_invocation(tmp_path, monkeypa
                         cwd=RESULTS).stdout.strip()
   assert HEAD.match(line) and head.startswith(HEAD.match(line).group(1)), line
   assert line.endswith("`python -m experiments.layer_grads --depths=2`.") and " UTC: " in line
+
+
+def test_committed_records_name_no_folder_of_the_machine():
+  """Paths inside the repository are recorded relative to it (provenance.in_repo); no committed
+  provenance.json holds an absolute path of the machine that ran it."""
+  repo = RESULTS.parents[1]
+  assert provenance.in_repo(repo / "experiments" / "runs" / "g", repo) == "experiments/runs/g"
+  assert provenance.in_repo(repo, repo) == "." and provenance.in_repo("runs/x", repo) == "runs/x"
+  bad = [f"{p.relative_to(RESULTS)}: {m}" for p in sorted(RESULTS.rglob("provenance.json"))
+         for m in set(re.findall(r'"(?:cwd|workdir|out)": "(/[^"]*)"', p.read_text()))]
+  assert not bad, "absolute paths in committed records:\n" + "\n".join(bad)
