@@ -340,6 +340,7 @@ def _blocks(name: str) -> list:
 
 
 @pytest.mark.slow
+@pytest.mark.readme
 @pytest.mark.parametrize("commands", _blocks("README.md") + _blocks("launch/README.md"))
 def test_readme_block_runs_as_shown(sandbox, commands, request):
   run_block(commands, sandbox, re.sub(r"\W+", "_", request.node.callspec.id))
