@@ -34,6 +34,9 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
+from encoder_jax.finetune import jobs
+from encoder_jax.finetune.jobs import INIT_LABELS
+
 FLAGS = flags.FLAGS
 
 
@@ -58,34 +61,6 @@ def _define_flags() -> None:
                        "usable core; 1: one after another in this process.")
 
 
-INIT_LABELS = {"pretrained": "this run's checkpoint", "random": "random init, same shape",
-               "minilm": "all-MiniLM-L6-v2"}
-
-
-def finetune_config(task: str, init: str, pretrain_dir: pathlib.Path, seeds: int):
-  """The main job's fine-tuning config of one (task, backbone): pretrained (the checkpoint in
-  pretrain_dir), random (a random init of its shape) or minilm."""
-  from configs import finetune as finetune_cfg  # pylint: disable=g-import-not-at-top
-  ckpt = f"ckpt:{pretrain_dir / 'checkpoints'}"
-  spec = {"pretrained": ckpt, "random": "random", "minilm": "minilm"}[init]
-  config = finetune_cfg.get_config(f"task={task},init={spec},run=demo")
-  with config.unlocked():
-    config.seeds = seeds
-    if init == "random":
-      config.random_like = ckpt
-  return config
-
-
-def finished(config, workdir: pathlib.Path) -> dict | None:
-  """The results of a finished job with exactly this config, if workdir holds one."""
-  done = workdir / "results.json"
-  if done.exists():
-    old = json.loads(done.read_text())
-    if old.get("config") == json.loads(json.dumps(config.to_dict(), default=str)):
-      return old
-  return None
-
-
 # Longest first, so that the last job to start is a short one: MiniLM (22M parameters) costs
 # about as much per job as the two tiny ones together; a random init of the checkpoint's shape
 # compiles the same programs as the checkpoint's job, so it follows it and finds them in XLA's
@@ -98,13 +73,13 @@ def run_finetuning(tasks, inits, pretrain_dir: pathlib.Path, workdir: pathlib.Pa
   """Every (task, init) fine-tuning job, finished ones reused, the rest over `workers`
   processes (encoder_jax.finetune.pool). Returns {task: {init: results}} in the given order."""
   from encoder_jax.finetune import pool  # pylint: disable=g-import-not-at-top
-  jobs = [(t, i) for t in tasks for i in inits]
+  pairs = [(t, i) for t in tasks for i in inits]
   done: dict[tuple[str, str], dict] = {}
   todo = []
-  for task, init in jobs:
-    config = finetune_config(task, init, pretrain_dir, seeds)
+  for task, init in pairs:
+    config = jobs.job_config(task, init, pretrain_dir, seeds)
     jdir = workdir / f"finetune_{task}_{init}"
-    old = finished(config, jdir)
+    old = jobs.finished(config, jdir)
     if old is not None:
       print(f"[2/3] reusing {jdir / 'results.json'}", flush=True)
       done[(task, init)] = old
@@ -327,7 +302,7 @@ def main(argv):
     plot_curve(curve, run / "curve.png", str(run))
     print("\n".join(curve_lines(curve)) + f"\n{run / 'curve.png'}")
     return
-  from encoder_jax.pretrain import pretrain  # pylint: disable=g-import-not-at-top
+  from encoder_jax.train.loop import train_and_evaluate  # pylint: disable=g-import-not-at-top
   t0 = time.time()
   workdir = pathlib.Path(FLAGS.workdir).resolve()
   pretrain_dir = workdir / "pretrain"
@@ -335,7 +310,7 @@ def main(argv):
   if unknown:
     raise app.UsageError(f"--inits: unknown {unknown}; choose from {sorted(INIT_LABELS)}.")
   print(f"[1/3] pre-training into {pretrain_dir}", flush=True)
-  summary = pretrain(FLAGS.config, str(pretrain_dir))
+  summary = train_and_evaluate(FLAGS.config, str(pretrain_dir))
   summary["tokens_per_step"] = FLAGS.config.data.batch_size * FLAGS.config.data.max_length
   t_pretrained = time.time()
   finetuned = run_finetuning(FLAGS.tasks, FLAGS.inits, pretrain_dir, workdir, FLAGS.seeds,

@@ -1,6 +1,6 @@
 """encoder_jax entry point: flags -> the job. See README for the commands.
 
-  python -m encoder_jax.main --mode=demo
+  python -m encoder_jax.main --mode=similarity
       Fetches the all-MiniLM-L6-v2 checkpoint (pinned, sha256-checked, cached outside the repo),
       imports it into our encoder and prints a cosine-similarity table of demo sentences.
   python -m encoder_jax.main --mode=pretrain --workdir=/tmp/demo_run
@@ -25,12 +25,15 @@ FLAGS = flags.FLAGS
 MODES = {"pretrain": "train_and_evaluate(--config, --workdir): pre-train, resuming if --workdir "
                      "holds checkpoints (a new run starts from --config.init_from's parameters "
                      "when given)",
-         "demo": "import the all-MiniLM-L6-v2 checkpoint and print a similarity table of demo "
-                 "sentences"}
-flags.DEFINE_enum("mode", None, list(MODES),
-                  "Required: what to run. " + "; ".join(f"{k}: {v}" for k, v in MODES.items())
-                  + ". (The main job, pre-training + fine-tuning + comparison, is "
-                  "`python -m encoder_jax.demo`.)")
+         "similarity": "import the all-MiniLM-L6-v2 checkpoint and print a cosine-similarity "
+                       "table of demo sentences"}
+# The names modes had before, and where each went: "demo" is only ever the main job.
+RENAMED = {"demo": "--mode=similarity (the MiniLM similarity table; the main job, pre-training "
+                   "+ fine-tuning + comparison, is `python -m encoder_jax.demo`)"}
+flags.DEFINE_string("mode", None,
+                    "Required: what to run. " + "; ".join(f"{k}: {v}" for k, v in MODES.items())
+                    + ". (The main job, pre-training + fine-tuning + comparison, is "
+                    "`python -m encoder_jax.demo`.)")
 flags.DEFINE_string("workdir", None,
                     "Directory for checkpoints, logs and results of this run (created if absent).")
 flags.DEFINE_string("cache_dir", None,
@@ -58,7 +61,8 @@ DEMO_SENTENCES = [
 ]
 
 
-def demo(cache_dir: str | None) -> None:
+def similarity(cache_dir: str | None) -> None:
+  """all-MiniLM-L6-v2 imported into encoder_jax: a cosine-similarity table of DEMO_SENTENCES."""
   import jax.numpy as jnp
   import numpy as np
   from flax import nnx
@@ -111,9 +115,13 @@ def main(argv):
   if FLAGS.mode is None:  # no default: a training command must never run something else
     raise app.UsageError("--mode is required: " + "; ".join(
         f"--mode={k} ({v})" for k, v in MODES.items()) + ".")
+  if FLAGS.mode in RENAMED:
+    raise app.UsageError(f"--mode={FLAGS.mode} is now {RENAMED[FLAGS.mode]}.")
+  if FLAGS.mode not in MODES:
+    raise app.UsageError(f"--mode={FLAGS.mode!r}; choose one of " + ", ".join(MODES) + ".")
   init_distributed()
-  if FLAGS.mode == "demo":
-    demo(FLAGS.cache_dir)
+  if FLAGS.mode == "similarity":
+    similarity(FLAGS.cache_dir)
   elif FLAGS.mode == "pretrain":
     if cli.loaded_config() is None or not FLAGS.workdir:
       raise app.UsageError("--mode=pretrain needs --config (e.g. configs/pretrain.py:runlocal) "
@@ -123,8 +131,8 @@ def main(argv):
     config = cli.loaded_config()
     if FLAGS.cache_dir and not config.data.cache_dir:
       config.data.cache_dir = FLAGS.cache_dir
-    from encoder_jax.pretrain import pretrain  # pylint: disable=g-import-not-at-top
-    pretrain(config, FLAGS.workdir)
+    from encoder_jax.train.loop import train_and_evaluate  # pylint: disable=g-import-not-at-top
+    train_and_evaluate(config, FLAGS.workdir)
 
 
 def run():

@@ -102,15 +102,15 @@ def random_reference(workdir: pathlib.Path, task: str) -> list[float]:
   """`task`'s per-seed test scores of a random init of the grid's shape, fine-tuned as the
   grid's jobs are (the main job's recipe, configs/finetune.py run=demo, 3 seeds); the run is
   kept and reused while its config is unchanged."""
-  from encoder_jax import demo  # pylint: disable=g-import-not-at-top
+  from encoder_jax.finetune import jobs  # pylint: disable=g-import-not-at-top
   from encoder_jax.finetune.run import finetune_and_evaluate  # pylint: disable=g-import-not-at-top
   grid = grids.get_grid("electra_curve")
   point = grid.points[0]
   job = next(j for j in point.finetune if j.task == task and j.at_fraction == 1)
   pdir = pathlib.Path(runner.point_dir(workdir, point)) / "pretrain"
-  config = demo.finetune_config(task, "random", pdir, seeds=job.seeds)
+  config = jobs.job_config(task, "random", pdir, seeds=job.seeds)
   out = workdir / f"random_{task}"
-  res = demo.finished(config, out)
+  res = jobs.finished(config, out)
   if res is None:
     finetune_and_evaluate(config, str(out))
     res = report.read_json(out / "results.json") or {}

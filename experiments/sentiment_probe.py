@@ -110,9 +110,9 @@ def bootstrap(correct: dict[str, np.ndarray], resamples: int, seed: int = 0) -> 
 def export(init: str, pretrain_dir: pathlib.Path, workdir: pathlib.Path, task: str,
            max_train: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
   """The backbone's frozen masked-mean embeddings of train / validation / test."""
-  from encoder_jax import demo
+  from encoder_jax.finetune import jobs
   from encoder_jax.finetune.run import finetune_and_evaluate
-  config = demo.finetune_config(task, init, pretrain_dir, seeds=1)
+  config = jobs.job_config(task, init, pretrain_dir, seeds=1)
   with config.unlocked():
     config.update(dict(freeze_encoder=True, epochs=1, export_embeddings="train,validation,test",
                        export_pooling="mean", max_train_examples=max_train,
@@ -121,7 +121,7 @@ def export(init: str, pretrain_dir: pathlib.Path, workdir: pathlib.Path, task: s
   stems = [jdir / "embeddings" / f"{task}_{split}_mean" for split in ("train", "validation",
                                                                     "test")]
   # Exported before with exactly this config (the run's results.json records it): reuse.
-  if not (demo.finished(config, jdir) and all(pathlib.Path(f"{s}.npy").exists() for s in stems)):
+  if not (jobs.finished(config, jdir) and all(pathlib.Path(f"{s}.npy").exists() for s in stems)):
     finetune_and_evaluate(config, str(jdir))
   out = {}
   for split in ("train", "validation", "test"):

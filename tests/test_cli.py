@@ -52,8 +52,20 @@ def test_mode_is_required(tmp_path):
   assert got.returncode == 2, got.stderr
   lines = got.stderr.strip().splitlines()
   assert lines[1].startswith("error: --mode is required: --mode=pretrain ("), got.stderr
-  assert "--mode=demo (" in lines[1]
+  assert "--mode=similarity (" in lines[1]
   assert not any(tmp_path.iterdir()) and "cosine similarity" not in got.stdout
+
+
+def test_the_old_demo_mode_says_where_it_went(tmp_path):
+  """"demo" means the main job only (python -m encoder_jax.demo); main's old --mode=demo, the
+  MiniLM similarity table, is --mode=similarity, and says so in one line."""
+  got = _run("--mode=demo", f"--workdir={tmp_path}")
+  assert got.returncode == 2 and "cosine similarity" not in got.stdout
+  assert ("error: --mode=demo is now --mode=similarity (the MiniLM similarity table; the main "
+          "job, pre-training + fine-tuning + comparison, is `python -m encoder_jax.demo`)."
+          ) in got.stderr, got.stderr
+  got = _run("--mode=train", f"--workdir={tmp_path}")
+  assert got.returncode == 2 and "--mode='train'; choose one of pretrain, similarity" in got.stderr
 
 
 def test_an_unknown_config_key_lists_the_keys_at_its_level(tmp_path):

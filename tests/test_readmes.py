@@ -136,7 +136,7 @@ RULES = (
     Rule(r"^bash run\.sh tb runs$", "started in the background and asked for the run's "
          "curves over HTTP", replace=lambda c: f"{c} > \"$SANDBOX/tb.log\" 2>&1 & server=$!; "
          "\"$PY\" \"$SANDBOX/tb_check.py\" $TB_PORT x; code=$?; kill $server; exit $code"),
-    Rule(r"encoder_jax\.main --mode=demo", "as shown"),
+    Rule(r"encoder_jax\.main --mode=similarity", "as shown"),
     Rule(r"experiments\.run --grid=(?!all)", "its CPU dry run (--dry_run: a few steps of a "
          "1 x 32 encoder, one fine-tuning seed on 16 rows) of the grid's first point, in one "
          "process (--in_process)",

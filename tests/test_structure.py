@@ -4,8 +4,8 @@ paths.py stands alone; model/ and data/ on it; objectives/ builds on model/, and
 commands start and report errors) on data/; hf/ (the HF families: HF folders <-> our parameter
 trees) on objectives/; train/ on those (its run_dir.py is the one reader of a run folder, its
 pretrained.py the one loader of an encoder's parameters from a HF folder or a run, so the
-trainer reads init_from itself); convert/ (export of a run as HF folders), finetune/ and
-pretrain.py on train/; the entry points (main, demo) on top. A new subpackage or module must be
+trainer reads init_from itself); convert/ (export of a run as HF folders) and finetune/ on
+train/; the entry points (main, demo) on top. A new subpackage or module must be
 given a layer here.
 
 Every import counts, `from encoder_jax import paths` and imports inside functions included,
@@ -17,7 +17,7 @@ import pathlib
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "encoder_jax"
 LAYER = {"paths": 0, "model": 1, "data": 1, "objectives": 2, "cli": 2, "hf": 3, "train": 4,
-         "convert": 5, "finetune": 5, "pretrain": 5, "demo": 6, "main": 6}
+         "convert": 5, "finetune": 5, "demo": 6, "main": 6}
 
 
 def _is_main_block(node) -> bool:

@@ -160,7 +160,7 @@ def test_accumulated_point_sees_the_x1_rows_and_masks_and_updates_once_per_k(tmp
   """Through the trainer, on the dry run's x8 point: its first 8 calls see the same rows and
   masks as an x1 run at learning rate 0 (the same losses: the parameters do not move
   mid-accumulation), and the 9th call's loss differs (one update after 8 micro-batches)."""
-  from encoder_jax.pretrain import pretrain
+  from encoder_jax.train.loop import train_and_evaluate
   p8 = grids.dry_run(grids.get_grid("large_batches")).points[1]
   losses = {}
   for name, over in (("x8", {}), ("x1_lr0", {"optim.accumulation_steps": 1,
@@ -170,7 +170,7 @@ def test_accumulated_point_sees_the_x1_rows_and_masks_and_updates_once_per_k(tmp
         **p8.overrides, **over, "optim.warmup_steps": 0, "train.steps": 9,
         "train.log_every": 1, "train.eval_every": 0, "train.eval_steps": 0,
         "train.checkpoint_every": 0})
-    pretrain(cfg, str(tmp_path / name))
+    train_and_evaluate(cfg, str(tmp_path / name))
     rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text()
             .splitlines()]
     losses[name] = {r["step"]: r["mlm_loss"] for r in rows if r.get("split") == "train"}
