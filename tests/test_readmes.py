@@ -126,6 +126,8 @@ RULES = (
     Rule(r"encoder_jax\.data\.build .*my_text", "as shown"),
     Rule(r"encoder_jax\.main --mode=pretrain .*--workdir=runs/x ", "a few steps",
          append=FAST_TRAIN),
+    Rule(r"encoder_jax\.main --mode=pretrain .*--workdir=runs/x_rope_glu ", "a few steps",
+         append=FAST_TRAIN),
     Rule(r"encoder_jax\.main --mode=pretrain .*objective=electra", "a few steps",
          append=FAST_TRAIN),
     Rule(r"encoder_jax\.finetune\.main .*init=ckpt:runs/x", "64 training rows, one epoch",
