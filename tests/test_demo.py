@@ -1,5 +1,7 @@
 """The main job's report (encoder_jax.demo): the learning curve and the verdicts it prints."""
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -119,3 +121,13 @@ def test_without_transformers_the_demo_prints_the_command_that_checks(modern_run
   assert (f"bash run.sh python -m encoder_jax.convert.export --workdir={modern_run} "
           f"--out={tmp_path / 'hf_checked'}") in out
   assert "Reload check not run" in "\n".join(demo.export_lines(record))
+
+
+def test_the_main_job_can_import_export_with_its_flags_defined():
+  """The demo's step 3 imports convert.export after defining its own flags (--workdir among
+  them): export's flags exist only when it runs as a command, or the import fails as it did
+  (DuplicateFlagError: 'workdir' defined twice)."""
+  code = ("from encoder_jax import demo; demo._define_flags(); "
+          "from encoder_jax.convert import export; print(export.export_run.__name__)")
+  got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+  assert got.returncode == 0 and got.stdout.strip() == "export_run", got.stderr[-2000:]

@@ -60,15 +60,6 @@ from encoder_jax.hf import families
 from encoder_jax.hf.families import Written
 from encoder_jax.train.run_dir import RunDir
 
-flags.DEFINE_string("workdir", None, "The pre-training run's directory, local or gs:// (holds "
-                    "config.json and checkpoints/).")
-flags.DEFINE_integer("step", None, "The checkpoint step to export (default: the newest whose "
-                     "checksums verify).")
-flags.DEFINE_string("out", None, "The local folder to write the HF folder to; must not exist or "
-                    "be empty.")
-flags.DEFINE_bool("check", True, "Reload the folder with transformers (where installed) and "
-                  "compare its outputs with the run's.")
-
 # Relative to the largest |output| (at least 1): fp32 on both sides differs by ~1e-7 of it
 # (tests/convert), a tensor mapped to the wrong place by a sizeable part of it.
 CHECK_TOL = 1e-4
@@ -209,6 +200,19 @@ def reload_check(written: list[Written], tok, max_positions: int,
   return worst
 
 
+def _define_flags() -> None:
+  """The command's flags, defined only when it runs as one: export_run is also a library
+  function (the main job calls it), whose importer has flags of its own (--workdir)."""
+  flags.DEFINE_string("workdir", None, "The pre-training run's directory, local or gs:// (holds "
+                      "config.json and checkpoints/).")
+  flags.DEFINE_integer("step", None, "The checkpoint step to export (default: the newest whose "
+                       "checksums verify).")
+  flags.DEFINE_string("out", None, "The local folder to write the HF folder to; must not exist or "
+                      "be empty.")
+  flags.DEFINE_bool("check", True, "Reload the folder with transformers (where installed) and "
+                    "compare its outputs with the run's.")
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
@@ -222,6 +226,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  _define_flags()
   flags.mark_flags_as_required(["workdir", "out"])
   from encoder_jax import cli  # pylint: disable=g-import-not-at-top
   cli.run(main, "encoder_jax.convert.export")
