@@ -37,9 +37,14 @@ from absl import app, flags
 from encoder_jax.train import compile_check  # noqa: F401  pylint: disable=unused-import
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("steps", 20, "Timed steps (the median is reported).")
-flags.DEFINE_integer("warmup", 3, "Untimed steps first (the first compiles and allocates).")
-flags.DEFINE_string("out", "bench/results/measure_step.csv", "CSV to append the row to.")
+
+
+def _define_flags() -> None:
+  """The command's own flags, defined when it runs as one: `measure` is imported by tests
+  beside other bench modules, whose --steps would clash."""
+  flags.DEFINE_integer("steps", 20, "Timed steps (the median is reported).")
+  flags.DEFINE_integer("warmup", 3, "Untimed steps first (the first compiles and allocates).")
+  flags.DEFINE_string("out", "bench/results/measure_step.csv", "CSV to append the row to.")
 
 FIELDS = ("date", "platform", "device_kind", "devices", "model", "seq", "mesh", "optim_sharding",
           "batch", "accumulation", "program", "est_step_ms", "est_tok_s_chip", "est_mfu",
@@ -131,4 +136,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)

@@ -141,7 +141,8 @@ def test_export_from_the_bucket_to_hf(env, straight, tmp_path):
   # What the run's own model computes from its checkpoint at 2N.
   state, _, _ = restore(workdir, 2 * N, config)
   ours = nnx.merge(setup.build(config).trainer.graphdef_eval, state.params)
-  logits = np.asarray(ours(*(batch[k] for k in names))[0])
+  # the run pads its token table to 128 rows (model.vocab_pad_multiple); HF has vocab_size
+  logits = np.asarray(ours(*(batch[k] for k in names))[0])[..., :hf.config.vocab_size]
   mask = batch["attention_mask"].astype(bool)
   assert np.abs(logits[mask] - ref[mask]).max() <= 1e-5
 
@@ -175,7 +176,7 @@ def test_export_skips_or_refuses_a_damaged_checkpoint(env, straight, tmp_path):
   exported = load_file(out / "model.safetensors")["bert.embeddings.word_embeddings.weight"]
   token = lambda step: np.asarray(jax.tree.leaves(restore(src, step, straight["config"])[0]
                                                   .params["bert"]["encoder"]["embeddings"]
-                                                  ["token"])[0])
-  np.testing.assert_array_equal(exported, token(N))
+                                                  ["token"])[0])[:len(exported)]
+  np.testing.assert_array_equal(exported, token(N))  # (the table's padding rows not exported)
   assert not np.array_equal(exported, token(2 * N))
   assert newest.exists() and not (run / "checkpoints_set_aside").exists()  # left as it was
