@@ -46,12 +46,17 @@ import time
 from absl import app, flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("rows", "table", ["ci", "smoke", "goal", "table"], "smoke: a tiny BERT (2 x "
-                  "128) at seq 64 on v5e-4 with mesh=auto (the README's CPU check); ci: BERT-base "
-                  "MLM+NSP and ELECTRA-base at seq 128, FSDP, on v4-8 and v5e-16 (.ci/run); "
+flags.DEFINE_enum("rows", "table", ["ci", "smoke", "recipes", "goal", "table"],
+                  "smoke: a tiny BERT (2 x 128) at seq 64 on v5e-4 with mesh=auto (the README's "
+                  "CPU check); ci: BERT-base MLM+NSP and ELECTRA-base at seq 128, FSDP, on v4-8 "
+                  "and v5e-16 (.ci/run); "
                   "goal: mesh=auto for BERT-base s128 and BERT-large s512 at RoBERTa's global "
                   "batch (8192) on v5e-16 and v5p-8, and at BERT's (256) on v5e-16; table: goal "
-                  "+ the pre-auto launcher's FSDP rows for comparison (the committed table).")
+                  "+ the pre-auto launcher's FSDP rows for comparison (the committed table); "
+                  "recipes: recipe=roberta (base, s512) and recipe=modernbert (modernbert-base, "
+                  "s1024) beside BERT-base, FSDP on v5e-16, one micro-batch of 256 / 128 rows "
+                  "(their recipes' global batches, 8,192 and 4,608, are accumulation of these; "
+                  "the table rows search them).")
 flags.DEFINE_enum("extra", "none", ["none", "best"], "Kept for old command lines: mesh=auto "
                   "rows are the searched variants now; best adds the fixed FSDP rows to "
                   "--rows=smoke and --rows=goal.")
@@ -79,7 +84,7 @@ FIELDS = ("model", "seq", "topology", "variant", "mesh_arg", "batch", "dropout",
           "hbm_gib", "hbm_cap_gib", "fits", "xla_tflops", "ours_tflops", "est_step_ms",
           "est_update_ms", "est_tok_s_chip", "est_mfu", "scan_offset", "candidates",
           "collectives", "note", "error")
-ROBERTA_BATCH, BERT_BATCH = 8192, 256
+ROBERTA_BATCH, BERT_BATCH, MODERNBERT_BATCH = 8192, 256, 4608
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,12 +107,18 @@ def rows(which: str, extra: str) -> list[Row]:
   elif which == "ci":
     return [Row(m, 128, t, "fixed", "1,-1,1") for t in ("v4-8", "v5e-16")
             for m in ("bert-base", "electra-base")]
+  elif which == "recipes":
+    return [Row("bert-base", 128, "v5e-16", "fixed", "1,-1,1"),
+            Row("roberta-base", 512, "v5e-16", "fixed", "1,-1,1", dropout="bert"),
+            Row("modernbert-base", 1024, "v5e-16", "fixed", "1,-1,1", batch=128, dropout="none")]
   else:
     # (in the order a cut-short run should have them)
     out = [Row("bert-base", 128, "v5e-16", batch=ROBERTA_BATCH), Row("bert-base", 128, "v5e-16"),
            Row("bert-base", 128, "v5p-8", batch=ROBERTA_BATCH),
            Row("bert-large", 512, "v5p-8", batch=ROBERTA_BATCH),
-           Row("bert-large", 512, "v5e-16", batch=ROBERTA_BATCH), Row("bert-large", 512, "v5e-16")]
+           Row("bert-large", 512, "v5e-16", batch=ROBERTA_BATCH), Row("bert-large", 512, "v5e-16"),
+           Row("roberta-base", 512, "v5e-16", batch=ROBERTA_BATCH),
+           Row("modernbert-base", 1024, "v5e-16", batch=MODERNBERT_BATCH, dropout="none")]
   if which == "table" or extra == "best":
     out += [dataclasses.replace(r, variant="fixed", mesh="1,-1,1") for r in out
             if r.batch == BERT_BATCH]
@@ -115,10 +126,18 @@ def rows(which: str, extra: str) -> list[Row]:
 
 
 def config_of(r: Row):
+  """The row's pre-training config: BERT (MLM + NSP) or ELECTRA of a size, or the roberta /
+  modernbert recipe (configs/pretrain.py recipe=...), at the row's length, batch and mesh."""
   from configs import pretrain
-  size = r.model.split("-")[1]
-  obj = "objective=electra,nsp=none" if r.model.startswith("electra") else "nsp=nsp"
-  config = pretrain.get_config(f"size={size},{obj},dropout={r.dropout}")
+  family, size = r.model.split("-", 1)
+  if family == "modernbert":
+    arg = f"recipe=modernbert,size={r.model},dropout={r.dropout}"
+  elif family == "roberta":
+    arg = f"recipe=roberta,size={size},dropout={r.dropout}"
+  else:
+    obj = "objective=electra,nsp=none" if family == "electra" else "nsp=nsp"
+    arg = f"size={size},{obj},dropout={r.dropout}"
+  config = pretrain.get_config(arg)
   config.data.max_length, config.data.batch_size, config.mesh = r.seq, r.batch, r.mesh
   return config
 
