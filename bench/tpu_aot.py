@@ -54,8 +54,9 @@ flags.DEFINE_enum("rows", "table", ["ci", "smoke", "recipes", "goal", "table"],
                   "batch (8192) on v5e-16 and v5p-8, and at BERT's (256) on v5e-16; table: goal "
                   "+ the pre-auto launcher's FSDP rows for comparison (the committed table); "
                   "recipes: recipe=roberta (base, s512) and recipe=modernbert (modernbert-base, "
-                  "s1024) beside BERT-base, FSDP on v5e-16, one micro-batch of 256 / 128 rows "
-                  "(their recipes' global batches, 8,192 and 4,608, are accumulation of these; "
+                  "s1024) beside BERT-base, FSDP on v5e-16, one micro-batch of 256 / 128 and "
+                  "64 rows (their recipes' global batches, 8,192 and 4,608, are accumulation of "
+                  "these; "
                   "the table rows search them).")
 flags.DEFINE_enum("extra", "none", ["none", "best"], "Kept for old command lines: mesh=auto "
                   "rows are the searched variants now; best adds the fixed FSDP rows to "
@@ -110,7 +111,8 @@ def rows(which: str, extra: str) -> list[Row]:
   elif which == "recipes":
     return [Row("bert-base", 128, "v5e-16", "fixed", "1,-1,1"),
             Row("roberta-base", 512, "v5e-16", "fixed", "1,-1,1", dropout="bert"),
-            Row("modernbert-base", 1024, "v5e-16", "fixed", "1,-1,1", batch=128, dropout="none")]
+            Row("modernbert-base", 1024, "v5e-16", "fixed", "1,-1,1", batch=128, dropout="none"),
+            Row("modernbert-base", 1024, "v5e-16", "fixed", "1,-1,1", batch=64, dropout="none")]
   else:
     # (in the order a cut-short run should have them)
     out = [Row("bert-base", 128, "v5e-16", batch=ROBERTA_BATCH), Row("bert-base", 128, "v5e-16"),
