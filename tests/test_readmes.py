@@ -149,11 +149,12 @@ RULES = (
          replace=lambda c: c.replace("size=base", "size=tiny")),
     Rule(r"tpu_aot\.py --rows=ci$", "CI compiles these rows (.ci/run, with --check)",
          in_ci=True),
-    Rule(r"tpu_aot\.py --extra=best --update_readme", "its quick version: a tiny BERT on "
-         "v5e-4 without the unrolled twin, the table written into a copy of launch/README.md",
-         replace=lambda c: c.replace("--extra=best", "--rows=smoke --noestimate")
-         .replace("--update_readme=launch/README.md",
-                  "--out=\"$SANDBOX/aot\" --update_readme=\"$SANDBOX/launch_README.md\"")),
+    Rule(r"tpu_aot\.py (--with_reference )?--update_readme", "its quick version: a tiny BERT on "
+         "v5e-4 without the scanned twin and without the peers (the HF peer's own venv), the "
+         "table written into a copy of launch/README.md",
+         replace=lambda c: c.replace("--with_reference ", "").replace(
+             "--update_readme=launch/README.md", "--rows=smoke --noestimate --out=\"$SANDBOX/aot\" "
+             "--update_readme=\"$SANDBOX/launch_README.md\"")),
     # launch/README.md: the pod (dry), the corpus on a CPU VM, two local processes
     Rule(r"^export PROJECT=", "as shown (gs://my-bucket is a local folder)"),
     Rule(r"tpu_pod\.sh (create|install|delete)$", "DRY_RUN=1: prints its gcloud commands",
