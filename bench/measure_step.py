@@ -3,11 +3,11 @@ what XLA estimates for the same compiled program, so that the first run on hardw
 bench/tpu_aot.py's table (every figure there is a compiler estimate).
 
   # on a TPU VM (every host of the slice runs it, as the trainer; mesh=auto searches first):
-  python bench/measure_step.py --config=configs/pretrain.py:size=base,nsp=nsp \
+  python -m bench.measure_step --config=configs/pretrain.py:size=base,nsp=nsp \
       --config.data.batch_size=8192 --config.data.data_dir=gs://BUCKET/shards ...
   # on a GPU host: the same command (mesh=auto: every GPU data-parallel)
   # dry, on this CPU (what the test suite runs; no estimate column on a CPU):
-  python bench/measure_step.py --config=configs/pretrain.py:size=tiny --steps=3 --warmup=1
+  python -m bench.measure_step --config=configs/pretrain.py:size=tiny --steps=3 --warmup=1
 
 What it does: the trainer's own set-up (train/layout.py's choice where config.mesh is "auto"
 on a TPU, setup.build, the sharded state, the compiled step of compile_check), the real

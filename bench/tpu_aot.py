@@ -2,12 +2,12 @@ r"""The trainer's real step compiled ahead of time for TPU topologies, on a CPU:
 mesh=auto picks, memory, cost model, collectives. Every time figure here is XLA's TPU
 cost-model ESTIMATE, never a measurement (bench/measure_step.py measures, on hardware).
 
-  bash run.sh tpu python bench/tpu_aot.py --update_readme=launch/README.md
+  bash run.sh tpu python -m bench.tpu_aot --update_readme=launch/README.md
                           # the committed tables: bench/results/tpu_aot.* (hours on 2 cores)
-  bash run.sh tpu python bench/tpu_aot.py --rows=smoke   # a tiny BERT on v5e-4, minutes
-  bash run.sh tpu python bench/tpu_aot.py --rows=ci --check --noestimate   # what CI compiles
-  bash run.sh tpu python bench/tpu_aot.py --with_reference   # + pure-JAX ceiling and HF peer
-  bash run.sh tpu python bench/tpu_aot.py --calibrate        # what the cost model can say
+  bash run.sh tpu python -m bench.tpu_aot --rows=smoke   # a tiny BERT on v5e-4, minutes
+  bash run.sh tpu python -m bench.tpu_aot --rows=ci --check --noestimate   # what CI compiles
+  bash run.sh tpu python -m bench.tpu_aot --with_reference   # + pure-JAX ceiling and HF peer
+  bash run.sh tpu python -m bench.tpu_aot --calibrate        # what the cost model can say
 
 `run.sh tpu` runs inside the project's venv with libtpu (the TPU compiler of `jax[tpu]` at
 the pinned jax) on the path; `jax.experimental.topologies.get_topology_desc` gives

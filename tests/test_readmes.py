@@ -147,9 +147,9 @@ RULES = (
     Rule(r"experiments\.run --grid=all --scale=base --action=plan", "as shown"),
     Rule(r"compile_check --tpu_topology", "the same slice and mesh for a tiny model",
          replace=lambda c: c.replace("size=base", "size=tiny")),
-    Rule(r"tpu_aot\.py --rows=ci$", "CI compiles these rows (.ci/run, with --check)",
+    Rule(r"tpu_aot --rows=ci$", "CI compiles these rows (.ci/run, with --check)",
          in_ci=True),
-    Rule(r"tpu_aot\.py (--with_reference )?--update_readme", "its quick version: a tiny BERT on "
+    Rule(r"tpu_aot (--with_reference )?--update_readme", "its quick version: a tiny BERT on "
          "v5e-4 without the scanned twin and without the peers (the HF peer's own venv), the "
          "table written into a copy of launch/README.md",
          replace=lambda c: c.replace("--with_reference ", "").replace(
