@@ -72,6 +72,9 @@ flags.DEFINE_bool("check", False, "Exit non-zero unless every fixed row compiled
                   "program (bf16, scanned) and every row fits HBM (what CI asserts).")
 flags.DEFINE_bool("with_reference", False, "Also compare ours with a pure-JAX encoder of the "
                   "same shapes and with HF's Flax BERT (bench/tpu_peers.py).")
+flags.DEFINE_bool("from_csv", False, "Compile nothing: write <out>.md (and --update_readme's "
+                  "table and advice) from the rows <out>.csv already holds, in --rows' order "
+                  "(a run cut short; the rows not there are left out, and said).")
 flags.DEFINE_bool("calibrate", False, "Instead: bench/tpu_calibrate.py (what XLA's TPU cost "
                   "model predicts for lone matmuls, layouts, the optimizer and the "
                   "vocabulary), written to <out>_calibration.txt.")
@@ -299,7 +302,7 @@ def update_readme(path: pathlib.Path, table: list[dict]) -> None:
   path.write_text(_replace_between(text, ADVICE_BEGIN, ADVICE_END, advice(table), path))
 
 
-def write_md(path: pathlib.Path, table: list[dict]) -> None:
+def write_md(path: pathlib.Path, table: list[dict], left_out=()) -> None:
   cols = [c for c in FIELDS if c not in ("mesh_arg", "error", "note")]
   lines = [f"# The pre-training step compiled for TPU topologies (bench/tpu_aot.py, "
            f"{datetime.date.today()})", "",
@@ -316,6 +319,8 @@ def write_md(path: pathlib.Path, table: list[dict]) -> None:
   notes = [f"* {r['model']} s{r['seq']} {r['topology']} batch {r['batch']}: {r['note']}"
            for r in table if r.get("note")]
   lines += (["", "Warnings of the layout search:"] + notes) if notes else []
+  lines += (["", "Rows of --rows not compiled in this run (written with --from_csv): "
+             + "; ".join(left_out) + "."] if left_out else [])
   path.write_text("\n".join(lines) + "\n")
 
 
@@ -334,11 +339,15 @@ def main(argv):
       for row in csv.DictReader(f):
         done[tuple(row["mesh_arg" if k.name == "mesh" else k.name]
                    for k in dataclasses.fields(Row))] = row
-  table, t0 = [], time.perf_counter()
+  table, left_out, t0 = [], [], time.perf_counter()
   todo = rows(FLAGS.rows, FLAGS.extra)
   for i, r in enumerate(todo):
     if r.key() in done:
       table.append(done[r.key()])
+      continue
+    if FLAGS.from_csv:
+      print(f"[{i + 1}/{len(todo)}] {r}: not in {csv_path}, left out (--from_csv)", flush=True)
+      left_out.append(f"{r.model} s{r.seq} {r.topology} {r.variant} batch {r.batch}")
       continue
     print(f"[{i + 1}/{len(todo)}] {r}", flush=True)
     row = {**dataclasses.asdict(r), "mesh_arg": r.mesh}
@@ -357,7 +366,7 @@ def main(argv):
         f"{k}={row.get(k)}" for k in ("mesh", "optim_sharding", "rows_device", "accumulation",
                                       "hbm_gib", "est_mfu", "scan_offset", "error")
         if row.get(k) not in (None, "")), flush=True)
-  write_md(md_path, table)
+  write_md(md_path, table, left_out)
   print(f"wrote {csv_path} and {md_path}")
   if FLAGS.with_reference:
     from bench import tpu_peers

@@ -52,8 +52,9 @@ def _layouts(devices, peak) -> list[str]:
   pricer = layout.Pricer(devices)
   lines = ["", "BERT-base MLM+NSP s128, 64 rows a chip (batch 1024) on v5e-16, unrolled, remat "
            f"dots. 'HBM time' = bytes / {V5E_HBM_BYTES_S / 1e9:.0f} GB/s; XLA's 'bytes "
-           "accessed' is not HBM traffic (it reads 2-4x the traffic of the compiled "
-           "program's top-level ops):"]
+           "accessed' is not HBM traffic (the cost model's sum over every access, fusion "
+           "internals included); HBM traffic = the bytes the compiled program's top-level "
+           "ops read and write:"]
   for mesh, optim, pad in (("1,-1,1", "replicated", 128), ("-1,1,1", "replicated", 128),
                            ("-1,1,1", "zero1", 128), ("-1,1,1", "zero1", 1)):
     config = pretrain.get_config("size=base,nsp=nsp")
