@@ -249,6 +249,15 @@ def _f(row, key):
     return float("nan")
 
 
+def _layout_name(row) -> str:
+  """"FSDP 1,4,1", "data parallel 16,1,1", "data parallel + ZeRO-1 16,1,1" (the mesh's
+  data, fsdp, tensor sizes)."""
+  sizes = [int(x) for x in str(row["mesh"]).split(",")]
+  kind = "FSDP" if len(sizes) > 1 and sizes[1] > 1 else "data parallel"
+  zero1 = " + ZeRO-1" if row.get("optim_sharding") == "zero1" else ""
+  return f"{kind}{zero1} {row['mesh']}"
+
+
 def launcher_summary(table: list[dict]) -> str:
   """The auto rows (what the launcher runs) and the fixed FSDP rows they replace."""
   lines = ["| model | seq | slice | global batch | layout (mesh=auto) | rows/device x "
@@ -257,7 +266,7 @@ def launcher_summary(table: list[dict]) -> str:
   for row in table:
     if row.get("error"):
       continue
-    lay = (f"{row['mesh']} {row['optim_sharding']}, remat {row['remat']}, "
+    lay = (f"{_layout_name(row)}, remat {row['remat']}, "
            f"{'scanned' if 'scanned' in row.get('program', '') else 'unrolled'}"
            + (" (fixed: the pre-auto launcher)" if row["variant"] == "fixed" else ""))
     lines.append(f"| {row['model']} | {row['seq']} | {row['topology']} | {row['batch']} | "
@@ -275,17 +284,16 @@ def advice(table: list[dict]) -> str:
            if r["variant"] == "fixed" and not r.get("error")}
   out = ["Advice from it (XLA's estimates, no TPU ran): keep the launcher's default "
          "`config.mesh=auto`; it compiles the candidates for your slice at start-up (cached) "
-         "and prints the table above for your config."]
+         "and prints the table above for your config.", ""]
   for r in auto:
     old = fixed.get((r["model"], r["seq"], r["topology"], r["batch"]))
     vs = (f" (the fixed FSDP mesh it replaces: est. MFU {old.get('est_mfu')})"
           if old and old.get("est_mfu") else "")
-    out.append(f"{r['model']} s{r['seq']} on {r['topology']} at a global batch of "
+    out.append(f"- {r['model']} s{r['seq']} on {r['topology']} at a global batch of "
                f"{r['batch']}: {r['rows_device']} rows a device x {r['accumulation']} "
-               f"micro-steps, {r['mesh']} {r['optim_sharding']}, est. MFU {r.get('est_mfu')}"
-               f"{vs}.")
+               f"micro-step(s), {_layout_name(r)}, est. MFU {r.get('est_mfu')}{vs}.")
     if r.get("note"):
-      out.append(r["note"][0].upper() + r["note"][1:])
+      out.append("  " + r["note"][0].upper() + r["note"][1:])
   return "\n".join(out)
 
 

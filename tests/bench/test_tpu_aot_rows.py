@@ -63,4 +63,5 @@ def test_from_csv_writes_the_table_of_a_cut_short_run_without_compiling(tmp_path
   md = out.with_suffix(".md").read_text()
   assert "| 0.123 |" in md and md.count(f"| {first.model} |") == 1
   assert "not compiled in this run" in md and "electra-base s128 v5e-16 fixed" in md
-  assert "| 1.5 / 16.0 | 0.123 | 45.6 |" in readme.read_text()
+  text = readme.read_text()
+  assert "| 1.5 / 16.0 | 0.123 | 45.6 |" in text and "FSDP 1,8,1" in text
