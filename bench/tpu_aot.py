@@ -250,12 +250,9 @@ def _f(row, key):
 
 
 def _layout_name(row) -> str:
-  """"FSDP 1,4,1", "data parallel 16,1,1", "data parallel + ZeRO-1 16,1,1" (the mesh's
-  data, fsdp, tensor sizes)."""
-  sizes = [int(x) for x in str(row["mesh"]).split(",")]
-  kind = "FSDP" if len(sizes) > 1 and sizes[1] > 1 else "data parallel"
-  zero1 = " + ZeRO-1" if row.get("optim_sharding") == "zero1" else ""
-  return f"{kind}{zero1} {row['mesh']}"
+  """"FSDP 1,4,1", "data parallel 16,1,1", ... (layout.kind_of, and the resolved mesh)."""
+  from encoder_jax.train import layout
+  return f"{layout.kind_of(str(row['mesh']), row.get('optim_sharding', ''))} {row['mesh']}"
 
 
 def launcher_summary(table: list[dict]) -> str:

@@ -74,10 +74,17 @@ class Layout:
   scan: bool  # model.scan_layers
 
   def describe(self) -> str:
-    where = {"-1,1,1": "data parallel", "1,-1,1": "FSDP"}.get(self.mesh, f"mesh {self.mesh}")
-    opt = " + ZeRO-1" if self.optim_sharding == "zero1" else ""
-    return (f"{where}{opt}, {self.rows} rows/device, remat {self.remat}, "
-            f"{'scanned' if self.scan else 'unrolled'} layers")
+    return (f"{kind_of(self.mesh, self.optim_sharding)}, {self.rows} rows/device, remat "
+            f"{self.remat}, {'scanned' if self.scan else 'unrolled'} layers")
+
+
+def kind_of(mesh: str, optim_sharding: str) -> str:
+  """"data parallel", "data parallel + ZeRO-1", "FSDP" or "mesh d,f,t" for a config.mesh
+  (data, fsdp, tensor), as written ("-1,1,1") or resolved for a slice ("16,1,1")."""
+  data, fsdp, tensor = (mesh.split(",") + ["", "", ""])[:3]
+  where = ("data parallel" if fsdp == tensor == "1" else
+           "FSDP" if data == tensor == "1" else f"mesh {mesh}")
+  return where + (" + ZeRO-1" if optim_sharding == "zero1" else "")
 
 
 @dataclasses.dataclass
