@@ -125,6 +125,11 @@ def make_step(loss_fn: Callable, tx: optax.GradientTransformation, schedule, *,
       (loss, metrics), grads = jax.value_and_grad(loss_of, has_aux=True)(state.params)
     old_params = state.params
     if update_shardings is not None:
+      # The gradients first where the parameters live, then split: constrained straight to
+      # the split sharding, XLA propagated it into the backward pass (BERT-base's ZeRO-1 step
+      # on v5e-16 all-gathered the batch's activations for the embedding's gradient and was
+      # estimated at 30.5 ms a step of 16 rows a device vs 23.5 ms replicated).
+      grads = jax.lax.with_sharding_constraint(grads, param_shardings)
       grads, old_params = (jax.lax.with_sharding_constraint(t, update_shardings)
                            for t in (grads, old_params))
 

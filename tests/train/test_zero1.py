@@ -2,6 +2,8 @@
 update split over the data axis, the parameters gathered back, on 8 fake CPU devices. Five
 steps give the replicated optimizer's parameters, Adam moments and metrics to 1e-6, while
 each device holds only its slice of the moments."""
+import re
+
 import jax
 import numpy as np
 import pytest
@@ -93,3 +95,34 @@ def test_zero1_spec_takes_the_largest_free_dimension_data_divides():
   assert sh.zero1_spec(P("data"), (8,), mesh) == P("data")
   with pytest.raises(ValueError, match="optim_sharding='zero3'"):
     sh.check_optim_sharding("zero3")
+
+
+def _gathers(optim_sharding):
+  """(shapes the compiled dp8 step all-gathers, the parameters' shapes), as HLO writes them."""
+  obj = S.ObjectiveConfig(objective="mlm", vocab_size=256, mask_id=4,
+                          special_ids=(0, 1, 2, 3, 4), max_predictions=4)
+  parts = build_optimizer(OptimConfig(learning_rate=1e-3, warmup_steps=1, total_steps=10))
+  tr, init = S.create(CFG, obj, parts.tx, parts.schedule, seed=0)
+  mesh = sh.make_mesh((8, 1, 1))
+  abstract, shardings = sh.sharded_abstract_state(init, mesh, optim_sharding)
+  step = S.make_train_step(tr, shardings, sh.batch_sharding(mesh), sh.update_shardings(
+      abstract.params, shardings.params, mesh, optim_sharding))
+  batch = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                                      sharding=sh.batch_sharding(mesh)),
+                       _batch(0))
+  hlo = step.lower(abstract, batch).compile().as_text()
+  gathered = set(re.findall(r"= (\w+\[[\d,]*\])\S* all-gather", hlo))
+  params = {f"{jax.numpy.dtype(p.dtype).name.replace('float', 'f')}[{','.join(map(str, p.shape))}]"
+            for p in jax.tree.leaves(abstract.params)}
+  return gathered, params
+
+
+def test_zero1_gathers_only_parameters_beyond_the_replicated_step():
+  """ZeRO-1 must not change the forward and backward pass: the gradients are constrained to
+  the parameters' own sharding before the split. Constrained straight to the split sharding,
+  XLA propagated it into the backward pass and all-gathered the batch's activations
+  (f32[8,16,64] here; on v5e-16 BERT-base's step went from 23.5 to 30.5 ms, estimated)."""
+  replicated, _ = _gathers("replicated")
+  zero1, params = _gathers("zero1")
+  assert zero1 - replicated, "the update's gather of the split parameters is missing"
+  assert zero1 - replicated <= params, sorted(zero1 - replicated - params)
