@@ -10,6 +10,8 @@ time here is the compiler's ESTIMATE, never a measurement.
     (compile_check.hbm_traffic_bytes: HBM-resident operands and results of its top-level ops).
   * The optimizer update alone (the branch of the step that applies AdamW, ZeRO-1's gather
     included) for BERT-base on 4, 16 and 64 v5e chips, replicated and split.
+  * Where a long-sequence layer's time goes: BERT-large's attention core at 512 tokens beside
+    its FFN and projections on one v5e chip, and the gradients' fp32 all-reduce on v5e-16.
 """
 from __future__ import annotations
 
@@ -97,6 +99,62 @@ def _optimizer(size: str = "base", slices=OPTIMIZER_SLICES) -> list[str]:
   return lines
 
 
+def _parts(devices, peak, *, rows=16, seq=512, heads=16, head_dim=64, ffn=4096,
+           sizes=("base", "large")) -> list[str]:
+  """A layer's pieces priced alone, forward + backward, on one chip (BERT-large s512 by
+  default): the attention core as the explicit path computes it (scores, fp32 softmax, BERT's
+  0.1 dropout with model/dropout.py's mask, weighted sum), the FFN, and the four d x d
+  projections; then the gradients' fp32 all-reduce over the slice for each size."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+  from configs import pretrain
+  from encoder_jax.model.dropout import keep_mask
+  from encoder_jax.train import layout, setup
+  pricer, one = layout.Pricer(devices), jax.sharding.SingleDeviceSharding(devices[0])
+  d = heads * head_dim
+  x = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=one)
+  key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=one)
+
+  def attention(q, k, v, key):
+    scores = jnp.einsum("btnh,bsnh->bnts", q, k).astype(jnp.float32) / head_dim ** 0.5
+    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+    probs = jnp.where(keep_mask(key, probs.shape, 0.1), probs / 0.9, 0).astype(q.dtype)
+    return jnp.einsum("bnts,bsnh->btnh", probs, v)
+
+  grad = lambda f, n: jax.jit(jax.grad(lambda *a: f(*a).astype(jnp.float32).sum(),
+                                       argnums=tuple(range(n))))
+  qkv = x(rows, seq, heads, head_dim)
+  parts = (("attention core (QK^T, softmax, dropout, PV)", grad(attention, 3),
+            (qkv, qkv, qkv, key), 3 * 4 * rows * seq * seq * d),
+           (f"FFN {d} -> {ffn} -> {d}, GELU", grad(lambda a, w1, w2: jax.nn.gelu(a @ w1) @ w2, 3),
+            (x(rows * seq, d), x(d, ffn), x(ffn, d)), 3 * 2 * 2 * rows * seq * d * ffn),
+           (f"four {d} x {d} projections (as one {d} x {4 * d})", grad(lambda a, w: a @ w, 2),
+            (x(rows * seq, d), x(d, 4 * d)), 3 * 2 * rows * seq * d * 4 * d))
+  lines = ["", f"Where a layer's time goes: one layer's pieces alone, forward + backward, "
+           f"{rows} rows x {seq} tokens, {heads} heads of {head_dim}, on one v5e chip "
+           "(est. MFU = their matmul FLOPs / (est x peak)):"]
+  for what, fn, args, flops in parts:
+    est = pricer.compiled(fn.lower(*args))[0]["optimal_seconds"]
+    lines.append(f"  {what}: est {est * 1e3:.3f} ms, est MFU {flops / (est * peak):.3f}")
+  mesh = Mesh(np.asarray(devices), ("data",))
+  lines.append(f"The gradients' fp32 all-reduce over {len(devices)} chips (data parallelism: "
+               "every step; the step's own collective, priced alone):")
+  for size in sizes:
+    s = setup.build(pretrain.get_config(f"size={size},nsp=nsp"), "tpu")
+    params = jax.tree.leaves(jax.eval_shape(s.init_fn).params)
+    split = NamedSharding(mesh, P("data"))
+    partial = [jax.ShapeDtypeStruct((len(devices),) + a.shape, a.dtype, sharding=split)
+               for a in params]
+    reduce = jax.jit(jax.shard_map(lambda *xs: [jax.lax.psum(a[0], "data") for a in xs],
+                                   mesh=mesh, in_specs=P("data"), out_specs=P()))
+    est = pricer.compiled(reduce.lower(*partial))[0]["optimal_seconds"]
+    n = sum(int(np.prod(a.shape)) for a in params)
+    lines.append(f"  BERT-{size} ({n / 1e6:.0f}M parameters): est {est * 1e3:.2f} ms")
+  return lines
+
+
 def calibrate(path: pathlib.Path) -> None:
   from encoder_jax.train import flops as flops_lib
   from jax.experimental import topologies
@@ -104,6 +162,7 @@ def calibrate(path: pathlib.Path) -> None:
   peak = flops_lib.peak_flops_per_device(devices[0].device_kind)
   lines = [f"# XLA's TPU cost model, calibrated (bench/tpu_aot.py --calibrate, "
            f"{datetime.date.today()}); every time here is the COMPILER'S ESTIMATE", ""]
-  lines += _matmuls(devices, peak) + _layouts(devices, peak) + _optimizer()
+  lines += (_matmuls(devices, peak) + _layouts(devices, peak) + _optimizer()
+            + _parts(devices, peak))
   path.write_text("\n".join(lines) + "\n")
   print(path.read_text())
