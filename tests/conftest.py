@@ -99,3 +99,65 @@ def full_xla_optimization():
   with pytest.MonkeyPatch.context() as m:
     m.setattr(jax, "jit", jit)
     yield
+
+
+def pytest_addoption(parser):
+  parser.addoption(
+      "--compile-report", metavar="PATH", default="",
+      help="Write PATH (tab-separated, largest first): per test file, the seconds XLA spent "
+           "compiling in the test processes and how many programs it compiled, then the same "
+           "per jitted function name. Run it with the compilation cache empty "
+           "(JAX_COMPILATION_CACHE_DIR=<an empty folder>) to see where a cold run's time "
+           "goes; programs compiled by subprocesses the tests start are not counted.")
+
+
+_COMPILES: dict[tuple[str, str], list] = {}  # (test file, function name) -> [seconds, count]
+
+
+def pytest_configure(config):
+  if not config.getoption("--compile-report"):
+    return
+  current = {"file": "(collection)"}
+  config._compile_report_current = current
+
+  def listener(event, duration, **kwargs):
+    if event == "/jax/core/compile/backend_compile_duration":
+      acc = _COMPILES.setdefault((current["file"], kwargs.get("fun_name", "?")), [0.0, 0])
+      acc[0] += duration
+      acc[1] += 1
+  jax.monitoring.register_event_duration_secs_listener(listener)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+  current = getattr(item.config, "_compile_report_current", None)
+  if current is not None:
+    current["file"] = item.nodeid.split("::", 1)[0]
+  yield
+
+
+def pytest_sessionfinish(session):
+  path = session.config.getoption("--compile-report")
+  if not path:
+    return
+  import json
+  worker = getattr(session.config, "workerinput", {}).get("workerid")
+  if worker is not None:  # an xdist worker: its share, merged by the controller
+    pathlib.Path(f"{path}.{worker}").write_text(json.dumps(
+        [[f, name, s, n] for (f, name), (s, n) in _COMPILES.items()]))
+    return
+  rows = [[f, name, s, n] for (f, name), (s, n) in _COMPILES.items()]
+  for part in pathlib.Path(path).parent.glob(pathlib.Path(path).name + ".gw*"):
+    rows += json.loads(part.read_text())
+    part.unlink()
+  lines = []
+  for title, key in (("test file", 0), ("jitted function", 1)):
+    total: dict[str, list] = {}
+    for row in rows:
+      acc = total.setdefault(row[key], [0.0, 0])
+      acc[0] += row[2]
+      acc[1] += row[3]
+    lines += [f"compile_s\tprograms\t{title}"]
+    lines += [f"{s:.1f}\t{n}\t{k}" for k, (s, n) in sorted(total.items(), key=lambda x: -x[1][0])]
+    lines.append("")
+  pathlib.Path(path).write_text("\n".join(lines))
