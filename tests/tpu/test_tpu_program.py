@@ -129,8 +129,8 @@ _CASES = {
     # also the rbg PRNG's case: neither the attention path nor the cost model's estimate
     # depends on the other
     "untileable_rows": dict(arg="dropout=none,runlocal", topology="v5e:2x2", prng="rbg"),
-    # mesh=auto's favourite on a v5e: data parallel, the optimizer split over the data axis,
-    # two micro-steps an update.
+    # mesh=auto's first candidate on a v5e: data parallel, the optimizer split over the data
+    # axis, two micro-steps an update.
     "zero1": dict(arg="size=mini,dropout=none", topology="v5e:2x2", mesh="-1,1,1",
                   set={"optim_sharding": "zero1", "optim.accumulation_steps": 2}),
 }

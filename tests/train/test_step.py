@@ -216,7 +216,7 @@ def test_electra_step_gradient_is_generator_plus_50_discriminator():
   assert all((np.asarray(x) == 0).all() for x in jax.tree.leaves(g_gen["rtd"]))
 
 
-def test_accumulation_runs_the_optimizer_only_at_the_kth_micro_step():
+def test_accumulation_runs_the_optimizer_only_at_the_kth_micro_step(fusion_emitters):
   """With optim.accumulation_steps = 3 the step branches (lax.cond): AdamW and the parameter
   update sit in the emitting branch only, and 6 calls give exactly what optax.MultiSteps'
   own update (which computes AdamW every call and keeps it every 3rd) gives."""
@@ -236,8 +236,15 @@ def test_accumulation_runs_the_optimizer_only_at_the_kth_micro_step():
   assert int(got.opt_state.gradient_step) == 2 and int(got.step) == 6
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
                (got.params, got.opt_state), (want.params, want.opt_state))
-  # Where the optimizer runs: Adam's bias correction (b ** count, a `pow`) only inside the
-  # cond's emitting branch (a sqrt would not do: the grad_norm metric takes one every step).
+
+
+def test_accumulation_runs_adam_only_in_the_emitting_branch():
+  """Where the optimizer runs: Adam's bias correction (b ** count, a `pow`) only inside the
+  cond's emitting branch (a sqrt would not do: the grad_norm metric takes one every step)."""
+  cfg, obj, batch = tiny()
+  parts = build_optimizer(OptimConfig(learning_rate=1e-2, warmup_steps=0, total_steps=4,
+                                      accumulation_steps=3))
+  batch = {k: jnp.asarray(v) for k, v in batch.items()}
   tr, init = step_lib.create(cfg, obj, parts.tx, parts.schedule, seed=0, accumulation_steps=3)
   jaxpr = jax.make_jaxpr(step_lib.make_train_step(tr))(jax.eval_shape(init), batch).jaxpr
   (jitted,) = jaxpr.eqns  # the jit itself; its body:
