@@ -123,15 +123,16 @@ def _parts(devices, peak, *, rows=16, seq=512, heads=16, head_dim=64, ffn=4096,
     probs = jnp.where(keep_mask(key, probs.shape, 0.1), probs / 0.9, 0).astype(q.dtype)
     return jnp.einsum("bnts,bsnh->btnh", probs, v)
 
-  grad = lambda f, n: jax.jit(jax.grad(lambda *a: f(*a).astype(jnp.float32).sum(),
-                                       argnums=tuple(range(n))))
-  qkv = x(rows, seq, heads, head_dim)
+  def grad(f, n):  # forward + backward against a given cotangent (the gradient of a sum
+    # would be a constant one, which XLA folds: its backward matmuls become reductions)
+    return jax.jit(lambda ct, *a: jax.vjp(lambda *p: f(*p, *a[n:]), *a[:n])[1](ct))
+  qkv, rows_d = x(rows, seq, heads, head_dim), x(rows * seq, d)
   parts = (("attention core (QK^T, softmax, dropout, PV)", grad(attention, 3),
-            (qkv, qkv, qkv, key), 3 * 4 * rows * seq * seq * d),
+            (qkv, qkv, qkv, qkv, key), 3 * 4 * rows * seq * seq * d),
            (f"FFN {d} -> {ffn} -> {d}, GELU", grad(lambda a, w1, w2: jax.nn.gelu(a @ w1) @ w2, 3),
-            (x(rows * seq, d), x(d, ffn), x(ffn, d)), 3 * 2 * 2 * rows * seq * d * ffn),
+            (rows_d, rows_d, x(d, ffn), x(ffn, d)), 3 * 2 * 2 * rows * seq * d * ffn),
            (f"four {d} x {d} projections (as one {d} x {4 * d})", grad(lambda a, w: a @ w, 2),
-            (x(rows * seq, d), x(d, 4 * d)), 3 * 2 * rows * seq * d * 4 * d))
+            (x(rows * seq, 4 * d), rows_d, x(d, 4 * d)), 3 * 2 * rows * seq * d * 4 * d))
   lines = ["", f"Where a layer's time goes: one layer's pieces alone, forward + backward, "
            f"{rows} rows x {seq} tokens, {heads} heads of {head_dim}, on one v5e chip "
            "(est. MFU = their matmul FLOPs / (est x peak)):"]
