@@ -5,10 +5,10 @@ conftest.py first); subprocesses started by tests inherit it. Level 0: compiling
 is most of the suite's time, and at level 0 tests/model, tests/finetune and tests/convert
 take a third less time (177 s -> 121 s on 2 cores) while a step runs about half as fast; the
 parity tolerances hold at both levels. The tests that train for hundreds of steps compile at
-level 3 instead (full_xla_optimization below). Fusion emitters off: XLA:CPU's
-newer (MLIR) fusion emitters compile a BERT-mini train step in 3.5 s, the older ones in 1.4 s
-(the step runs ~20% slower); tests/train/test_sharding.py + tests/model/test_block_switches.py
-compiled in 152 s with them, 86 s without (cold cache, 2 cores).
+level 3 instead (full_xla_optimization below). Fusion emitters off: XLA:CPU's newer (MLIR)
+fusion emitters compile a BERT-mini train step in 3.5 s, the older ones in 1.4 s (its first
+call took 0.75 s instead of 0.59); tests/train/test_sharding.py and
+tests/model/test_block_switches.py compiled in 152 s with them, 86 s without (cold, 2 cores).
 """
 import functools
 import os
@@ -88,42 +88,38 @@ def pytest_collection_modifyitems(config, items):
   items[:] = [t for tests in order for t in tests]
 
 
-@pytest.fixture
-def fusion_emitters():
-  """Programs jitted during the test compile with XLA:CPU's newer fusion emitters, which the
-  suite turns off (see above): for a test that compares two different programs to the last
-  bits, which the rounding of the older emitters does not meet (optax.MultiSteps' update against
-  the branching step: up to 6e-6 apart after Adam magnifies a near-zero gradient's last bits,
-  where the newer emitters give 1e-7)."""
+def _jit_with(options: dict):
+  """jax.jit patched, for the test's duration, to compile with XLA `options` (a per-program
+  option overrides XLA_FLAGS). Only for tests whose jits are top-level: JAX refuses
+  compiler_options on a nested jit."""
   real = jax.jit
 
   def jit(fun=None, /, **kwargs):
-    kwargs.setdefault("compiler_options", {"xla_cpu_use_fusion_emitters": True})
+    kwargs.setdefault("compiler_options", options)
     return real(fun, **kwargs) if fun is not None else functools.partial(jit, **kwargs)
 
   with pytest.MonkeyPatch.context() as m:
     m.setattr(jax, "jit", jit)
     yield
+
+
+@pytest.fixture
+def fusion_emitters():
+  """XLA:CPU's newer fusion emitters, which the suite turns off (see above): for a test that
+  compares two different programs to the last bits, which the rounding of the older emitters
+  does not meet (optax.MultiSteps' update against the branching step: up to 6e-6 apart after
+  Adam magnifies a near-zero gradient's last bits, where the newer emitters give 1e-7)."""
+  yield from _jit_with({"xla_cpu_use_fusion_emitters": True})
 
 
 @pytest.fixture
 def full_xla_optimization():
-  """Programs jitted during the test compile at XLA optimisation level 3 instead of the
-  suite's level 0 (tests/conftest.py): for the tests that train for hundreds of steps, where
-  running the step costs more than compiling it (a whole 800-step run of the 64-wide model,
-  measured: 94 s at level 0, 50 s at level 3). A per-program option overrides XLA_FLAGS."""
-  real = jax.jit
-
-  def jit(fun=None, /, **kwargs):
-    # (and the newer fusion emitters: at level 3 the older ones took test_rtd_learns.py's
-    # compiles from 133 s to 353 s)
-    kwargs.setdefault("compiler_options", {"xla_backend_optimization_level": 3,
-                                           "xla_cpu_use_fusion_emitters": True})
-    return real(fun, **kwargs) if fun is not None else functools.partial(jit, **kwargs)
-
-  with pytest.MonkeyPatch.context() as m:
-    m.setattr(jax, "jit", jit)
-    yield
+  """XLA optimisation level 3 instead of the suite's level 0: for the tests that train for
+  hundreds of steps, where running the step costs more than compiling it (a whole 800-step
+  run of the 64-wide model, measured: 94 s at level 0, 50 s at level 3); with the newer fusion
+  emitters (at level 3 the older ones took test_rtd_learns.py's compiles from 133 s to 353 s)."""
+  yield from _jit_with({"xla_backend_optimization_level": 3,
+                        "xla_cpu_use_fusion_emitters": True})
 
 
 def pytest_addoption(parser):

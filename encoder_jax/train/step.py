@@ -106,8 +106,9 @@ def make_step(loss_fn: Callable, tx: optax.GradientTransformation, schedule, *,
   `grad_metrics(grads) -> dict` adds metrics computed from this step's gradients (before
   clipping), e.g. per-layer norms (experiments/layer_grads.py). `update_shardings` (a
   params-shaped tree, sharding.update_shardings) is where the optimizer update runs: the
-  gradients and parameters are constrained to it before `tx.update` (ZeRO-1: split over
-  'data', so the gradients are reduce-scattered and each device updates its slice), and the
+  gradients (first to the parameters' own sharding, so the backward pass is unchanged) and
+  parameters are constrained to it before `tx.update` (ZeRO-1: split over 'data', each device
+  updating its slice of the all-reduced gradients), and the
   new parameters go back to `state_shardings` (gathered). With `accumulation_steps` k > 1
   (`tx` an optax.MultiSteps of k) only every k-th call runs the optimizer and changes the
   parameters; the others add the gradient to MultiSteps' running mean (optim.accumulate),

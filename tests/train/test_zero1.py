@@ -27,7 +27,8 @@ def _batch(step):
   return {"input_ids": ids, "mask": ids != 0, "token_types": np.zeros_like(ids)}
 
 
-def _run(mesh_dims, optim_sharding, accumulation):
+def _step(mesh_dims, optim_sharding, accumulation=1):
+  """(init, mesh, abstract state, its shardings, the jitted step) of the tiny MLM trainer."""
   obj = S.ObjectiveConfig(objective="mlm", vocab_size=256, mask_id=4,
                           special_ids=(0, 1, 2, 3, 4), max_predictions=4)
   parts = build_optimizer(OptimConfig(learning_rate=1e-3, warmup_steps=1, total_steps=10,
@@ -36,9 +37,14 @@ def _run(mesh_dims, optim_sharding, accumulation):
                       accumulation_steps=accumulation)
   mesh = sh.make_mesh(mesh_dims)
   abstract, shardings = sh.sharded_abstract_state(init, mesh, optim_sharding)
-  state = jax.jit(init, out_shardings=shardings)()
   step = S.make_train_step(tr, shardings, sh.batch_sharding(mesh), sh.update_shardings(
       abstract.params, shardings.params, mesh, optim_sharding))
+  return init, mesh, abstract, shardings, step
+
+
+def _run(mesh_dims, optim_sharding, accumulation):
+  init, mesh, _, shardings, step = _step(mesh_dims, optim_sharding, accumulation)
+  state = jax.jit(init, out_shardings=shardings)()
   metrics = []
   for i in range(STEPS):
     state, m = step(state, sh.shard_batch(_batch(i), mesh))
@@ -99,14 +105,7 @@ def test_zero1_spec_takes_the_largest_free_dimension_data_divides():
 
 def _gathers(optim_sharding):
   """(shapes the compiled dp8 step all-gathers, the parameters' shapes), as HLO writes them."""
-  obj = S.ObjectiveConfig(objective="mlm", vocab_size=256, mask_id=4,
-                          special_ids=(0, 1, 2, 3, 4), max_predictions=4)
-  parts = build_optimizer(OptimConfig(learning_rate=1e-3, warmup_steps=1, total_steps=10))
-  tr, init = S.create(CFG, obj, parts.tx, parts.schedule, seed=0)
-  mesh = sh.make_mesh((8, 1, 1))
-  abstract, shardings = sh.sharded_abstract_state(init, mesh, optim_sharding)
-  step = S.make_train_step(tr, shardings, sh.batch_sharding(mesh), sh.update_shardings(
-      abstract.params, shardings.params, mesh, optim_sharding))
+  _, mesh, abstract, _, step = _step((8, 1, 1), optim_sharding)
   batch = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype,
                                                       sharding=sh.batch_sharding(mesh)),
                        _batch(0))
