@@ -26,8 +26,9 @@ export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="${JAX_PERSISTENT_CACHE_MIN_CO
 if [ "${1:-}" = "--dry_run" ]; then
   shift
   export JAX_PLATFORMS=cpu
-  # A smoke test: compile fast rather than well (the trainer already does this for its init).
-  export XLA_FLAGS="${XLA_FLAGS:-} --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+  # A smoke test: compile fast rather than well (the trainer already does this for its init;
+  # XLA:CPU's older fusion emitters compile a small train step in 1.4 s instead of 3.5 s).
+  export XLA_FLAGS="${XLA_FLAGS:-} --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true --xla_cpu_use_fusion_emitters=false"
   args+=(--dry_run)
 elif command -v nvidia-smi >/dev/null 2>&1; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true

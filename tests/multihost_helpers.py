@@ -2,6 +2,7 @@
 127.0.0.1), shared by tests/train/test_multihost.py and tests/gcs/test_gcs_multihost.py."""
 import os
 import pathlib
+import re
 import socket
 import subprocess
 import sys
@@ -33,6 +34,15 @@ def wait(procs, timeout=420) -> None:
         q.kill()
       raise
     assert p.returncode == 0, out[-4000:]
+
+
+def xla_flags(devices: int) -> str:
+  """The suite's XLA_FLAGS (tests/conftest.py: optimisation level 0 and XLA:CPU's older fusion
+  emitters, which compile a step in less than half the time) with `devices` fake CPU devices:
+  for the trainer processes a test starts with a device count of their own."""
+  return (re.sub(r"--xla_force_host_platform_device_count=\d+", "",
+                 os.environ.get("XLA_FLAGS", "")).strip()
+          + f" --xla_force_host_platform_device_count={devices}").strip()
 
 
 def child_env(**extra) -> dict:

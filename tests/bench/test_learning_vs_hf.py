@@ -15,6 +15,8 @@ import sys
 
 import pytest
 
+from multihost_helpers import xla_flags  # the suite's flags, for the processes tests start
+
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
@@ -24,7 +26,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_dry_run_both_systems_see_the_same_inputs(tmp_path):
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as a user
+  env = dict(os.environ, XLA_FLAGS=xla_flags(1))  # one CPU device, as a user has
   out = subprocess.run([sys.executable, "-m", "bench.learning_vs_hf", "--dry_run",
                         f"--out_dir={tmp_path}"], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=300)

@@ -25,7 +25,7 @@ import pytest
 
 from encoder_jax.train import checkpoint, setup, sharding
 from loop_helpers import CONFIG_FILE, ROOT, eval_rows, tiny_config, train_rows
-from multihost_helpers import free_port
+from multihost_helpers import free_port, xla_flags
 
 pytestmark = pytest.mark.slow
 
@@ -72,9 +72,7 @@ def _write_corpus(folder, n_docs=16, seed=0):
 
 
 def _env(base, devices):
-  return dict(os.environ, JAX_PLATFORMS="cpu",
-              XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} "
-                        "--xla_backend_optimization_level=0",
+  return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(devices),
               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
 
 
