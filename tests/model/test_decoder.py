@@ -148,7 +148,7 @@ def _reversal_batch(rng, n):
   return src.astype(np.int32), tgt_in.astype(np.int32), labels.astype(np.int32)
 
 
-@pytest.mark.usefixtures("full_xla_optimization")  # 250 steps: level 3 (tests/conftest.py)
+@pytest.mark.usefixtures("full_xla_optimization")  # 250 steps: level 2 (tests/conftest.py)
 def test_seq2seq_learns_to_reverse_digit_strings():
   t0, cpu0 = time.perf_counter(), time.process_time()
   enc_cfg = ModelConfig(vocab_size=13, hidden_size=64, num_layers=2, num_heads=4, ffn_size=128,

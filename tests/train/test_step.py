@@ -62,7 +62,7 @@ def tiny(objective="mlm", sentence_task="none", **model):
 
 # ELECTRA needs the second block and more steps: the discriminator's loss reaches 0 only once
 # the generator's samples are (nearly) always the original token.
-@pytest.mark.usefixtures("full_xla_optimization")  # hundreds of steps: level 3 (conftest)
+@pytest.mark.usefixtures("full_xla_optimization")  # hundreds of steps: level 2 (conftest)
 @pytest.mark.parametrize("objective,layers,steps", [("mlm", 1, 600), ("electra", 2, 800)])
 def test_overfits_eight_sentences_with_one_trace(objective, layers, steps, monkeypatch):
   traces = []
