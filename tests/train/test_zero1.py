@@ -84,6 +84,10 @@ def test_zero1_equals_the_replicated_optimizer(mesh_dims, accumulation):
   table_mu = mu["bert"]["encoder"]["embeddings"]["token"]["embedding"][...]
   table_p = got.params["bert"]["encoder"]["embeddings"]["token"]["embedding"][...]
   assert "data" in str(table_mu.sharding.spec) and "data" not in str(table_p.sharding.spec)
+  # ... the table's moments over its hidden dimension, not its token ids (sharding.zero1_spec),
+  # unless FSDP holds that one
+  assert tuple(table_mu.sharding.spec) == (
+      (None, "data") if mesh_dims[1] == 1 else ("data", "fsdp")), table_mu.sharding
   full = table_mu.shape[0] * table_mu.shape[1]
   assert {s.data.size for s in table_mu.addressable_shards} == {full // 8}
   if accumulation > 1:  # optax.MultiSteps' gradient buffer is optimizer state too
@@ -99,6 +103,12 @@ def test_zero1_spec_takes_the_largest_free_dimension_data_divides():
   assert sh.zero1_spec(P(), (30522,), mesh) == P(None)  # 4 does not divide it: replicated
   assert sh.zero1_spec(P(), (), mesh) == P()
   assert sh.zero1_spec(P("data"), (8,), mesh) == P("data")
+  # a token-id dimension only when nothing else can be split: the padded table's moments go
+  # over its hidden dimension, the decoder's [vocab] bias over its ids
+  assert sh.zero1_spec(P(None, None), (30592, 768), mesh) == P("data", None)
+  assert sh.zero1_spec(P(None, None), (30592, 768), mesh,
+                       names=P("vocab", "embed")) == P(None, "data")
+  assert sh.zero1_spec(P(), (30592,), mesh, names=P("vocab")) == P("data")
   with pytest.raises(ValueError, match="optim_sharding='zero3'"):
     sh.check_optim_sharding("zero3")
 
