@@ -18,7 +18,9 @@ def free_port() -> int:
 
 
 def spawn(pid, nproc, port, out, *extra, env=None) -> subprocess.Popen:
-  """Worker `pid` of `nproc`, coordinator on 127.0.0.1:`port`, results to `out`."""
+  """Worker `pid` of `nproc`, coordinator on 127.0.0.1:`port`, results to `out`; its XLA_FLAGS
+  the suite's with its share of the 8 fake devices (`xla_flags`)."""
+  env = dict(env if env is not None else os.environ, XLA_FLAGS=xla_flags(8 // nproc))
   return subprocess.Popen([sys.executable, str(WORKER), str(pid), str(nproc), str(port), str(out),
                            *map(str, extra)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)

@@ -11,15 +11,11 @@ saves the params. The checkpoint goes to <OUT_DIR or restore_from>/ckpt, or to
 $CHECKPOINT_ROOT when set (e.g. gs://bucket/..., tests/gcs/test_gcs_multihost.py).
 """
 import os
-import re
 import sys
 
 pid, nproc, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 restore_from = sys.argv[5] if len(sys.argv) > 5 else None
-# The suite's flags, inherited (tests/conftest.py: level 0, the older fusion emitters), with this
-# process's share of the 8 fake devices.
-os.environ["XLA_FLAGS"] = re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ.get(
-    "XLA_FLAGS", "")) + f" --xla_force_host_platform_device_count={8 // nproc}"
+# XLA_FLAGS: set by the starter (multihost_helpers.spawn: the suite's, this process's devices).
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402
