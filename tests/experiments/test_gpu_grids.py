@@ -126,9 +126,13 @@ def test_dry_run_keeps_one_point_per_code_path_and_shrinks_it():
     a = by_name[b.name]
     cfg = b.config()
     assert b.steps == 3 and cfg.model.num_layers == 1 and cfg.model.dtype == "float32"
+    # the whole demo corpus shrinks to its Moby-Dick part; a point's own corpus stays (below)
+    assert a.config().data.source == "demo" and cfg.data.source == "demo:moby_dick"
     assert cfg.objective.objective == a.config().objective.objective
     assert cfg.train.flops_budget == a.config().train.flops_budget
     assert b.flops_per_step == flops_per_step(cfg) < a.flops_per_step / 1000
+  own = grids.dry_run(grids.electra_vs_mlm("base", data_source="files:/corpus/*.txt"))
+  assert {p.config().data.source for p in own.points} == {"files:/corpus/*.txt"}
 
 
 def test_gpu_plan_prints_the_estimate():
