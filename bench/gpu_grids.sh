@@ -6,8 +6,8 @@
 # experiments/results/<grid>_gpu/, runs to experiments/runs/<grid>_gpu/.
 #
 #   bash bench/gpu_grids.sh                 # on the GPU machine
-#   bash bench/gpu_grids.sh --dry_run       # CPU, every point shrunk to 3 steps (57 s; the
-#                                           # first run on a machine: 1.9-2.2 min)
+#   bash bench/gpu_grids.sh --dry_run       # CPU, every point shrunk to 3 steps (51 s; with
+#                                           # an empty compilation cache: 80 s)
 #   GRIDS=generator_size bash bench/gpu_grids.sh    # another grid (or a comma-separated list)
 #   PYTHON=.venv/bin/python bash bench/gpu_grids.sh --dry_run --workdir=/tmp/r --out=/tmp/o
 #
