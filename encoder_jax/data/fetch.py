@@ -97,9 +97,11 @@ _VERIFIED: set[tuple[str, int, int]] = set()
 
 
 def cache_root(cache_dir=None) -> pathlib.Path:
-  """The cache folder: argument > $ENCODER_JAX_CACHE > $XDG_CACHE_HOME/encoder_jax > ~/.cache."""
+  """The cache folder: argument > $ENCODER_JAX_CACHE > $XDG_CACHE_HOME/encoder_jax > ~/.cache.
+  An empty variable counts as unset (as XDG's rule has it): `ENCODER_JAX_CACHE=` once put the
+  whole cache into the working directory."""
   if cache_dir is None:
-    cache_dir = os.environ.get("ENCODER_JAX_CACHE")
+    cache_dir = os.environ.get("ENCODER_JAX_CACHE") or None
   if cache_dir is None:
     xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     cache_dir = os.path.join(xdg, "encoder_jax")

@@ -82,6 +82,8 @@ def test_cache_dir_precedence(tmp_path, monkeypatch):
   monkeypatch.delenv("ENCODER_JAX_CACHE")
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
   assert fetch.cache_root() == tmp_path / "xdg" / "encoder_jax"
+  monkeypatch.setenv("ENCODER_JAX_CACHE", "")  # empty is unset, not the working directory
+  assert fetch.cache_root() == tmp_path / "xdg" / "encoder_jax"
 
 
 def test_real_minilm_fetch():
