@@ -7,7 +7,7 @@
 #
 #   bash bench/gpu_grids.sh                 # on the GPU machine
 #   bash bench/gpu_grids.sh --dry_run       # CPU, every point shrunk to 3 steps (51 s; with
-#                                           # an empty compilation cache: 80 s)
+#                                           # every cache empty: 80 s)
 #   GRIDS=generator_size bash bench/gpu_grids.sh    # another grid (or a comma-separated list)
 #   PYTHON=.venv/bin/python bash bench/gpu_grids.sh --dry_run --workdir=/tmp/r --out=/tmp/o
 #
