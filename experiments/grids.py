@@ -649,11 +649,12 @@ def dry_run(grid: Grid) -> Grid:
     finetune = tuple(dataclasses.replace(j, seeds=1, overrides={**j.overrides,
                                                                 **DRY_RUN_FINETUNE})
                      for j in (jobs[i % len(jobs):][:1] if jobs else ()))
-    warmup = min(p.config().optim.warmup_steps, 1)
-    k = p.config().optim.accumulation_steps
+    cfg = p.config()
+    warmup = min(cfg.optim.warmup_steps, 1)
+    k = cfg.optim.accumulation_steps
     calls = {key: DRY_RUN_PRETRAIN[key] * k for key in (
         "train.steps", "train.log_every", "train.eval_every", "train.checkpoint_every")}
-    source = p.config().data.source
+    source = cfg.data.source
     smaller = {"data.source": DRY_RUN_SOURCE[source]} if source in DRY_RUN_SOURCE else {}
     return make_point(p.labels, PointSpec(p.pretrain_arg, {
         **p.overrides, **DRY_RUN_PRETRAIN, **calls, "optim.warmup_steps": warmup, **smaller},
