@@ -68,4 +68,7 @@ def made_steps(monkeypatch):
     return step
 
   monkeypatch.setattr(step_lib, "make_step", make_step)
+  # An empty cache of built steps for the test, so that every step its runs use is built (and
+  # recorded) here, not taken from an earlier test's runs (trainer.build_steps).
+  monkeypatch.setattr(trainer, "_STEPS_CACHE", type(trainer._STEPS_CACHE)())
   return made

@@ -10,6 +10,7 @@ from encoder_jax.finetune import setup, tasks, trainer
 from encoder_jax.finetune.backbone import Backbone, build_model
 from encoder_jax.model.config import ModelConfig
 from encoder_jax.objectives.finetune import task_loss
+from encoder_jax.train import sharding
 from encoder_jax.train.step import TrainState
 
 
@@ -152,3 +153,48 @@ def test_length_grouped_order_is_a_permutation_with_aligned_batches():
   # The 11-row remainder is the last batch, so every other batch is full and homogeneous.
   tail = order[992:]
   assert len(tail) == 11 and np.ptp(lengths[order[:32]]) <= 5
+
+
+def test_a_later_run_with_the_same_program_reuses_its_steps_and_no_other_does(tiny_config):
+  """trainer.build_steps hands a run the steps an earlier run built when, and only when, the
+  programs are the same: the traced and compiled step is reused (no retrace), and a change of
+  a setting, of the step count or of the model gives new steps."""
+  def built(n_labels=2, cfg=CFG, epochs=1, copies=1, mesh=None, **changes):
+    model = build_model(Backbone(cfg, None, None, "random"), "classify", n_labels,
+                        pooling="cls", seed=n_labels)
+    config = tiny_config("glue/cola", "", epochs=epochs, batch_size=4, **changes)
+    rows = {k: np.concatenate([v] * copies) for k, v in _batch().items()}
+    return trainer.build_steps(tasks.get_task("glue/cola"), model,
+                               {"train": tasks.Encoded(rows)}, setup.build(config).train,
+                               mesh=mesh)
+  first = built()
+  for change in [dict(learning_rate=3e-3), dict(weight_decay=0.5), dict(dropout=False),
+                 dict(freeze_encoder=True), dict(epochs=2), dict(copies=2),  # longer schedules
+                 dict(n_labels=3), dict(cfg=CFG.replace(hidden_dropout=0.2)),
+                 dict(cfg=CFG.replace(layer_norm_eps=1e-6)),  # same parameters' shapes
+                 dict(mesh=sharding.mesh_from_config("-1,1,1"))]:
+    assert built() is first, change  # another model of the same structure (another head)
+    other = built(**change)
+    assert other is not first and other[0] is not first[0], change
+  # A run with the reused steps trains exactly as with its own (the state is the argument).
+  batch = _batch()
+  results = []
+  args, kw = _fresh(tiny_config)
+  for steps, tx in (first, (trainer.make_steps(*args, **kw), args[1])):
+    model = build_model(Backbone(CFG, None, None, "random"), "classify", 2, pooling="cls",
+                        seed=7)
+    params = nnx.state(model, nnx.Param)
+    state = TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+    for _ in range(2):
+      state, m = steps.train(state, batch, jax.random.key(1))
+    results.append(trainer.host_copy((state.params, m)))
+  for a, b in zip(jax.tree.leaves(results[0]), jax.tree.leaves(results[1])):
+    np.testing.assert_array_equal(a, b)
+
+
+def _fresh(tiny_config):
+  """make_steps' arguments for the settings of the test above's first run, built anew."""
+  model = build_model(Backbone(CFG, None, None, "random"), "classify", 2, pooling="cls", seed=2)
+  config = setup.build(tiny_config("glue/cola", "", epochs=1, batch_size=4)).train
+  tx, schedule = trainer.make_optimizer(config, num_layers=CFG.num_layers, total_steps=1)
+  return (model, tx, schedule), dict(freeze=config.freeze_encoder, dropout=config.dropout)
