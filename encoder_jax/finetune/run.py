@@ -129,15 +129,14 @@ def _describe(cfg: ModelConfig, dropout: bool) -> None:
 def _run_seeds(s: setup.Settings, bb: pretrained.Backbone, data, workdir) -> list[dict]:
   """Each seed's record; the first seed's embeddings exported, each seed's best saved, as
   the settings ask."""
-  runs, steps_and_tx = [], None
+  runs, mesh = [], sharding.mesh_from_config(s.mesh)
   for i in range(s.seeds):
     seed = s.seed + i
     model = backbone_lib.build_model(bb, s.task.kind, s.task.num_labels,
                                      pooling=s.backbone.pooling, seed=seed)
-    # Every seed has the same module structure and optimizer: compile the steps once.
-    steps_and_tx = steps_and_tx or trainer.build_steps(
-        s.task, model, data, s.train, mesh=sharding.mesh_from_config(s.mesh))
-    runs.append(trainer.finetune_one_seed(s.task, model, data, s.train, seed, steps_and_tx))
+    # Every seed has the same module structure and optimizer: the first seed's steps serve
+    # them all (trainer.build_steps).
+    runs.append(trainer.finetune_one_seed(s.task, model, data, s.train, seed, mesh))
     logging.info("seed %d done: %s", seed, _one_line(runs[-1]))
     if s.output.save_best:
       _save_params(workdir / f"seed_{seed}" / "best", model)

@@ -218,14 +218,14 @@ def build_steps(spec: tasks_lib.TaskSpec, model: FinetuneModel, data, config: Tr
 
 def finetune_one_seed(spec: tasks_lib.TaskSpec, model: FinetuneModel,
                       data: dict[str, tasks_lib.Encoded], config: TrainSettings, seed: int,
-                      steps_and_tx=None) -> dict[str, Any]:
+                      mesh=None) -> dict[str, Any]:
   """Trains `model` on data['train'], picks the epoch with the best first dev metric, scores
   dev and test splits with those parameters. Returns the run's record (JSON-ready).
   With config.eval_dev False no dev split is scored: the last epoch is kept and the record's
   "dev" is empty (for one-epoch runs, where there is nothing to select).
-  `steps_and_tx`: build_steps(...) of an earlier seed, to reuse its compiled steps."""
+  The steps come from build_steps, on `mesh` if any: another seed's, when already built."""
   train, steps_total = data[spec.train_split], total_steps(spec, data, config)
-  steps, tx = steps_and_tx or build_steps(spec, model, data, config)
+  steps, tx = build_steps(spec, model, data, config, mesh)
   params = nnx.state(model, nnx.Param)
   state = steps.place(step_lib.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params)))
   base_key = jax.random.key(seed)

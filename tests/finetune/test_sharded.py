@@ -20,9 +20,9 @@ def _finetune(config, mesh):
   data = run.load_data(s.task, WordPieceTokenizer.from_vocab(fetch.minilm_vocab()), s.data)
   model = backbone.build_model(backbone.Backbone(CFG, None, None, "random"), "classify", 2,
                                pooling="cls", seed=0)
-  steps_and_tx = trainer.build_steps(s.task, model, data, s.train, mesh=mesh)
-  record = trainer.finetune_one_seed(s.task, model, data, s.train, 0, steps_and_tx)
-  return record, trainer.host_copy(nnx.state(model, nnx.Param)), steps_and_tx[0]
+  record = trainer.finetune_one_seed(s.task, model, data, s.train, 0, mesh)
+  steps, _ = trainer.build_steps(s.task, model, data, s.train, mesh)  # the ones the run used
+  return record, trainer.host_copy(nnx.state(model, nnx.Param)), steps
 
 
 def test_eight_devices_equal_one(tiny_config):
@@ -71,9 +71,7 @@ def test_a_frozen_encoder_fine_tunes_on_the_sharded_mesh(tiny_config):
   before = trainer.host_copy(nnx.state(model, nnx.Param))
   s = setup.build(config)
   data = run.load_data(s.task, WordPieceTokenizer.from_vocab(fetch.minilm_vocab()), s.data)
-  steps_and_tx = trainer.build_steps(s.task, model, data, s.train,
-                                     mesh=sharding.mesh_from_config("2,2,2"))
-  trainer.finetune_one_seed(s.task, model, data, s.train, 0, steps_and_tx)
+  trainer.finetune_one_seed(s.task, model, data, s.train, 0, sharding.mesh_from_config("2,2,2"))
   after = trainer.host_copy(nnx.state(model, nnx.Param))
   same = lambda a, b: all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a),
                                                                 jax.tree.leaves(b)))
